@@ -1,0 +1,31 @@
+//! idemgate: an idempotency gateway.
+//!
+//! A reverse proxy that makes unsafe HTTP endpoints idempotent without changing them. The
+//! first request with an `Idempotency-Key` runs upstream; every retry gets its stored
+//! response back. See `docs/` for the policy, configuration and operations.
+//!
+//! The request path, module by module:
+//!
+//! - [`server`]: listeners, HTTP/1.1 + h2c connections, graceful shutdown;
+//! - [`gateway`]: runtime state built from the config, routing, outcome counting;
+//! - [`router`]: method + path pattern → route;
+//! - [`proxy`]: streaming pass-through for routes without idempotency;
+//! - [`idempotent`]: the idempotent path, step by step, as in DESIGN.md:
+//!   - [`key`]: reading the `Idempotency-Key` header;
+//!   - [`scope`]: whose key it is;
+//!   - [`body`]: bounded reading of the request body (and the shared body type);
+//!   - [`fingerprint`]: what makes two requests the same request;
+//!   - [`store`]: claim, renew, complete, release (Redis with Lua, or memory);
+//!   - [`exchange`]: the detached upstream call with lease renewal;
+//!   - [`capture`]: buffering the upstream response for storage;
+//!   - [`replay`]: answering retries from the store;
+//! - [`upstream`]: pooled http/https clients and request preparation;
+//! - [`headers`]: hop-by-hop stripping, X-Forwarded-*, what may be stored;
+//! - [`error`]: every error, mapped to problem+json in one place;
+//! - [`admin`]: health, readiness, metrics, key inspect/purge;
+//! - [`metrics`]: Prometheus counters;
+//! - [`config`] and [`policy`]: `gateway.toml`, validated into runtime types.
+
+pub mod fingerprint;
+pub mod key;
+pub mod scope;
