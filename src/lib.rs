@@ -26,6 +26,10 @@
 //! - [`metrics`]: Prometheus counters;
 //! - [`config`] and [`policy`]: `gateway.toml`, validated into runtime types.
 
+pub mod config;
 pub mod fingerprint;
+pub mod headers;
 pub mod key;
+pub mod policy;
+pub mod router;
 pub mod scope;

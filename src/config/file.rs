@@ -1,0 +1,143 @@
+//! The schema of `gateway.toml`, exactly as written by the operator.
+//!
+//! Every table denies unknown keys: a misspelt `leas = "5s"` must fail loudly instead of
+//! silently running with the default lease. Values are checked further in `validate.rs`,
+//! which turns this schema into the runtime [`Config`](super::Config).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use super::units::{HumanDuration, HumanSize};
+
+/// The whole file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct File {
+    /// Listeners and process-wide settings.
+    pub server: ServerSection,
+    /// Where idempotency records live.
+    pub store: StoreSection,
+    /// Named upstream services that routes forward to.
+    #[serde(default)]
+    pub upstreams: BTreeMap<String, UpstreamSection>,
+    /// Routes, matched on method and path.
+    #[serde(default)]
+    pub routes: Vec<RouteSection>,
+}
+
+/// `[server]`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerSection {
+    /// Address the proxy listens on, e.g. `"0.0.0.0:8080"`.
+    pub listen: String,
+    /// Address of the admin listener (`/healthz`, `/readyz`, `/metrics`); none when absent.
+    pub admin_listen: Option<String>,
+    /// Bearer token that guards the admin key inspect/purge endpoints; they are off without it.
+    pub admin_token: Option<String>,
+    /// How long in-flight exchanges may run on after SIGTERM before their keys are released.
+    pub shutdown_grace: Option<HumanDuration>,
+    /// Prefix of the `type` URI of problem+json error responses; the error's slug is appended.
+    pub problem_base: Option<String>,
+}
+
+/// `[store]`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreSection {
+    /// `"redis"` (shared by any number of gateways) or `"memory"` (one instance, development).
+    pub backend: String,
+    /// Redis URL, `redis://[user:password@]host:port[/db]`; required for the redis backend.
+    pub url: Option<String>,
+    /// Maximum time for one store call; slower calls count as the store being down.
+    pub timeout: Option<HumanDuration>,
+    /// Maximum number of pooled Redis connections.
+    pub pool_size: Option<usize>,
+    /// Prefix of every Redis key (and of the notification channel) this gateway writes.
+    pub key_prefix: Option<String>,
+    /// Memory backend: maximum number of records kept.
+    pub max_entries: Option<usize>,
+    /// Memory backend: maximum bytes of stored responses kept.
+    pub max_bytes: Option<HumanSize>,
+}
+
+/// `[upstreams.NAME]`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamSection {
+    /// Base URL, `http://host:port` or `https://host:port`, optionally with a path prefix.
+    pub url: String,
+    /// Maximum time for the upstream to answer (for idempotent routes: the whole response).
+    pub timeout: Option<HumanDuration>,
+    /// Maximum time to establish a connection.
+    pub connect_timeout: Option<HumanDuration>,
+    /// PEM file of CA certificates to trust for `https://` instead of the system roots.
+    pub ca_file: Option<PathBuf>,
+}
+
+/// `[[routes]]`
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteSection {
+    /// Unique name; appears in metrics and logs, and is part of every record's identity.
+    pub name: String,
+    /// HTTP methods this route matches; all methods when absent.
+    pub methods: Option<Vec<String>>,
+    /// Path pattern: exact (`/orders`), with parameters (`/orders/{id}`) or a tail (`/api/{*rest}`).
+    pub path: String,
+    /// Name of an `[upstreams.NAME]` table.
+    pub upstream: String,
+    /// Makes the route idempotent; without it the route is a streaming pass-through proxy.
+    pub idempotency: Option<IdempotencySection>,
+}
+
+/// `[routes.idempotency]`
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IdempotencySection {
+    /// Reject requests without a key (400) instead of passing them through.
+    pub required: Option<bool>,
+    /// Name of the key header.
+    pub header: Option<String>,
+    /// Longest accepted key, in characters.
+    pub max_key_len: Option<usize>,
+    /// Whose keys these are: `"header:NAME"` (that header's value, hashed) or `"global"`.
+    pub scope: Option<String>,
+    /// JSON Pointers (RFC 6901) of body fields left out of the fingerprint.
+    pub ignore: Option<Vec<String>>,
+    /// Request headers included in the fingerprint.
+    pub fingerprint_headers: Option<Vec<String>>,
+    /// How long a claim is held without renewal before another request may take it over.
+    pub lease: Option<HumanDuration>,
+    /// Renew the lease while the upstream call runs.
+    pub renew: Option<bool>,
+    /// How long a duplicate waits for the first request to finish before getting 409.
+    pub wait: Option<HumanDuration>,
+    /// How long a completed response is kept for replay.
+    pub retention: Option<HumanDuration>,
+    /// Upstream statuses that are stored and replayed: `"2xx"`-style classes or exact codes.
+    pub store_statuses: Option<Vec<StatusEntry>>,
+    /// Largest request body accepted (413 above it).
+    pub max_request_body: Option<HumanSize>,
+    /// Largest response body stored; larger responses are delivered and the key released.
+    pub max_stored_body: Option<HumanSize>,
+    /// Extra response headers never stored (Set-Cookie, WWW-Authenticate, Proxy-* and
+    /// hop-by-hop headers are never stored in any case).
+    pub exclude_headers: Option<Vec<String>>,
+    /// `"fail-closed"` (503, nothing forwarded) or `"fail-open"` (forward, store nothing).
+    pub on_store_error: Option<String>,
+    /// Header added to replayed responses.
+    pub replay_header: Option<String>,
+}
+
+/// One entry of `store_statuses`: `201` or `"201"` or `"2xx"`.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum StatusEntry {
+    /// An exact status code.
+    Code(i64),
+    /// A class such as `"2xx"`, or a code written as a string.
+    Text(String),
+}

@@ -1,0 +1,361 @@
+//! Checks every value of a parsed file and builds the runtime [`Config`].
+//!
+//! Problems are collected, not returned at the first one: an operator fixing a file should
+//! see everything that is wrong with it in one run of `idemgate check`.
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderName, Method, Uri};
+
+use super::file::{self, File, IdempotencySection, StatusEntry};
+use super::units::{HumanDuration, HumanSize};
+use super::{Config, Issue, RouteConfig, ServerConfig, StoreBackendConfig, StoreConfig, UpstreamConfig};
+use crate::fingerprint::{FingerprintSpec, JsonPointer};
+use crate::headers;
+use crate::policy::{IdempotencyPolicy, StatusSet, StoreFailurePolicy};
+use crate::router::{RouteSpec, Router, RouterError};
+use crate::scope::ScopeSource;
+
+/// Defaults, in one place so that docs/configuration.md can be checked against them.
+pub mod defaults {
+    use std::time::Duration;
+
+    pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(8);
+    pub const PROBLEM_BASE: &str = "https://github.com/idemgate/idemgate/blob/main/docs/errors.md#";
+    pub const STORE_TIMEOUT: Duration = Duration::from_secs(1);
+    pub const POOL_SIZE: usize = 16;
+    pub const KEY_PREFIX: &str = "idemgate";
+    pub const MAX_ENTRIES: usize = 100_000;
+    pub const MAX_BYTES: u64 = 256 << 20;
+    pub const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
+    pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+    pub const KEY_HEADER: &str = "idempotency-key";
+    pub const MAX_KEY_LEN: usize = 255;
+    pub const SCOPE: &str = "header:Authorization";
+    pub const LEASE: Duration = Duration::from_secs(10);
+    pub const WAIT: Duration = Duration::from_secs(5);
+    pub const RETENTION: Duration = Duration::from_secs(24 * 3600);
+    pub const STORE_STATUSES: &[&str] = &["2xx", "4xx"];
+    pub const MAX_REQUEST_BODY: u64 = 1 << 20;
+    pub const MAX_STORED_BODY: u64 = 1 << 20;
+    pub const REPLAY_HEADER: &str = "idempotent-replay";
+}
+
+/// Longest key anyone could reasonably need; bounds the work done per key.
+const MAX_KEY_LEN_LIMIT: usize = 8192;
+
+#[derive(Default)]
+struct Issues(Vec<Issue>);
+
+impl Issues {
+    fn add(&mut self, key: impl Into<String>, reason: impl Into<String>) {
+        self.0.push(Issue { key: key.into(), reason: reason.into() });
+    }
+
+    /// Records the error of `result` under `key` and passes the value on.
+    fn check<T>(&mut self, key: &str, result: Result<T, String>) -> Option<T> {
+        result.map_err(|reason| self.add(key, reason)).ok()
+    }
+}
+
+pub(super) fn build(file: File) -> Result<Config, Vec<Issue>> {
+    let mut issues = Issues::default();
+    let server = server(&file.server, &mut issues);
+    let store = store(&file.store, &mut issues);
+    let upstreams: Vec<UpstreamConfig> =
+        file.upstreams.iter().filter_map(|(name, section)| upstream(name, section, &mut issues)).collect();
+    let routes = routes(&file, &mut issues);
+    match (server, store, issues.0.is_empty()) {
+        (Some(server), Some(store), true) => Ok(Config { server, store, upstreams, routes }),
+        _ => Err(issues.0),
+    }
+}
+
+fn server(s: &file::ServerSection, issues: &mut Issues) -> Option<ServerConfig> {
+    let listen = issues.check("server.listen", socket_addr(&s.listen));
+    let admin_listen = s.admin_listen.as_ref().and_then(|a| issues.check("server.admin_listen", socket_addr(a)));
+    if let (Some(l), Some(a)) = (listen, admin_listen)
+        && l == a
+        && l.port() != 0
+    {
+        issues.add("server.admin_listen", "must differ from server.listen");
+    }
+    if s.admin_token.as_deref().is_some_and(|t| t.trim().len() < 16) {
+        issues.add("server.admin_token", "must be at least 16 characters (it guards key purges)");
+    }
+    let problem_base = s.problem_base.clone().unwrap_or_else(|| defaults::PROBLEM_BASE.to_owned());
+    if problem_base.parse::<Uri>().map_or(true, |u| u.scheme().is_none()) {
+        issues.add("server.problem_base", format!("{problem_base:?} is not an absolute URI"));
+    }
+    Some(ServerConfig {
+        listen: listen?,
+        admin_listen,
+        admin_token: s.admin_token.clone(),
+        shutdown_grace: s.shutdown_grace.map_or(defaults::SHUTDOWN_GRACE, |d| d.0),
+        problem_base,
+    })
+}
+
+fn socket_addr(text: &str) -> Result<SocketAddr, String> {
+    text.parse().map_err(|_| format!("{text:?} is not an IP address with a port, like \"0.0.0.0:8080\""))
+}
+
+fn store(s: &file::StoreSection, issues: &mut Issues) -> Option<StoreConfig> {
+    let backend = match s.backend.as_str() {
+        "redis" => {
+            for (set, key) in [(s.max_entries.is_some(), "max_entries"), (s.max_bytes.is_some(), "max_bytes")] {
+                if set {
+                    issues.add(format!("store.{key}"), "applies to the memory backend only");
+                }
+            }
+            let url = match &s.url {
+                None => {
+                    issues.add("store.url", "is required for the redis backend, e.g. \"redis://127.0.0.1:6379\"");
+                    None
+                }
+                Some(url) => issues.check("store.url", redis_url(url)),
+            };
+            let pool_size = s.pool_size.unwrap_or(defaults::POOL_SIZE);
+            if pool_size == 0 {
+                issues.add("store.pool_size", "must be at least 1");
+            }
+            url.map(|url| StoreBackendConfig::Redis { url, pool_size })
+        }
+        "memory" => {
+            for (set, key) in [(s.url.is_some(), "url"), (s.pool_size.is_some(), "pool_size")] {
+                if set {
+                    issues.add(format!("store.{key}"), "applies to the redis backend only");
+                }
+            }
+            let max_entries = s.max_entries.unwrap_or(defaults::MAX_ENTRIES);
+            if max_entries == 0 {
+                issues.add("store.max_entries", "must be at least 1");
+            }
+            let max_bytes = positive_size(issues, "store.max_bytes", s.max_bytes, defaults::MAX_BYTES);
+            Some(StoreBackendConfig::Memory { max_entries, max_bytes })
+        }
+        other => {
+            issues.add("store.backend", format!("{other:?} is neither \"redis\" nor \"memory\""));
+            None
+        }
+    };
+    let timeout = positive_duration(issues, "store.timeout", s.timeout, defaults::STORE_TIMEOUT);
+    let key_prefix = s.key_prefix.clone().unwrap_or_else(|| defaults::KEY_PREFIX.to_owned());
+    if key_prefix.is_empty() || !key_prefix.bytes().all(|b| b.is_ascii_graphic()) {
+        issues.add("store.key_prefix", "must be non-empty printable ASCII without spaces");
+    }
+    Some(StoreConfig { backend: backend?, timeout, key_prefix })
+}
+
+fn redis_url(url: &str) -> Result<String, String> {
+    // Parsing only; no connection is made here.
+    redis::Client::open(url).map(|_| url.to_owned()).map_err(|e| format!("not a usable Redis URL: {e}"))
+}
+
+fn upstream(name: &str, s: &file::UpstreamSection, issues: &mut Issues) -> Option<UpstreamConfig> {
+    let key = format!("upstreams.{name}");
+    let url = issues.check(&format!("{key}.url"), upstream_url(&s.url));
+    let timeout = positive_duration(issues, &format!("{key}.timeout"), s.timeout, defaults::UPSTREAM_TIMEOUT);
+    let connect_timeout =
+        positive_duration(issues, &format!("{key}.connect_timeout"), s.connect_timeout, defaults::CONNECT_TIMEOUT);
+    if let Some(path) = &s.ca_file {
+        if url.as_ref().is_some_and(|u| u.scheme_str() != Some("https")) {
+            issues.add(format!("{key}.ca_file"), "applies to https:// upstreams only");
+        } else if let Err(e) = std::fs::metadata(path) {
+            issues.add(format!("{key}.ca_file"), format!("cannot read {}: {e}", path.display()));
+        }
+    }
+    Some(UpstreamConfig { name: name.to_owned(), url: url?, timeout, connect_timeout, ca_file: s.ca_file.clone() })
+}
+
+fn upstream_url(text: &str) -> Result<Uri, String> {
+    let uri: Uri = text.parse().map_err(|e| format!("{text:?} is not a URL: {e}"))?;
+    match uri.scheme_str() {
+        Some("http" | "https") => {}
+        _ => return Err(format!("{text:?} must start with http:// or https://")),
+    }
+    if uri.authority().is_none_or(|a| a.host().is_empty()) {
+        return Err(format!("{text:?} has no host"));
+    }
+    if uri.query().is_some() {
+        return Err(format!("{text:?} must not have a query"));
+    }
+    Ok(uri)
+}
+
+fn routes(file: &File, issues: &mut Issues) -> Vec<RouteConfig> {
+    if file.routes.is_empty() {
+        issues.add("routes", "no [[routes]] are defined; the gateway would answer 404 to everything");
+    }
+    let mut names = HashSet::new();
+    let mut out = Vec::with_capacity(file.routes.len());
+    for (i, r) in file.routes.iter().enumerate() {
+        let key = format!("routes[{i}]");
+        if r.name.is_empty() || !r.name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) {
+            issues.add(format!("{key}.name"), format!("{:?} must be non-empty and use only A-Z a-z 0-9 - _ .", r.name));
+        } else if !names.insert(r.name.as_str()) {
+            issues.add(format!("{key}.name"), format!("{:?} is used by an earlier route", r.name));
+        }
+        if !file.upstreams.contains_key(&r.upstream) {
+            issues.add(format!("{key}.upstream"), format!("{:?} is not defined under [upstreams]", r.upstream));
+        }
+        let methods = r.methods.as_ref().map(|ms| methods(&format!("{key}.methods"), ms, issues));
+        let idempotency = r.idempotency.as_ref().and_then(|s| policy(&format!("{key}.idempotency"), s, issues));
+        out.push(RouteConfig {
+            name: r.name.clone(),
+            methods,
+            path: r.path.clone(),
+            upstream: r.upstream.clone(),
+            idempotency: idempotency.map(Arc::new),
+        });
+    }
+    let specs =
+        out.iter().map(|r| RouteSpec { name: &r.name, pattern: &r.path, methods: r.methods.as_deref(), value: () });
+    if let Err(e) = Router::new(specs) {
+        let index = match &e {
+            RouterError::Pattern { index, .. } | RouterError::Overlap { index, .. } => *index,
+        };
+        issues.add(format!("routes[{index}].path"), e.to_string());
+    }
+    out
+}
+
+fn methods(key: &str, names: &[String], issues: &mut Issues) -> Vec<Method> {
+    if names.is_empty() {
+        issues.add(key, "is empty; leave it out to match every method");
+    }
+    let mut out = Vec::new();
+    for name in names {
+        match Method::from_bytes(name.as_bytes()) {
+            Ok(m) if name.bytes().all(|b| b.is_ascii_uppercase()) => {
+                if out.contains(&m) {
+                    issues.add(key, format!("{name:?} is listed twice"));
+                }
+                out.push(m);
+            }
+            _ => issues.add(key, format!("{name:?} is not an HTTP method in upper case, like \"POST\"")),
+        }
+    }
+    out
+}
+
+fn policy(key: &str, s: &IdempotencySection, issues: &mut Issues) -> Option<IdempotencyPolicy> {
+    let header = header_name(issues, &format!("{key}.header"), s.header.as_deref().unwrap_or(defaults::KEY_HEADER));
+    if header.as_ref().is_some_and(headers::is_hop_by_hop) {
+        issues.add(format!("{key}.header"), "a hop-by-hop header cannot carry the key");
+    }
+    let max_key_len = s.max_key_len.unwrap_or(defaults::MAX_KEY_LEN);
+    if !(1..=MAX_KEY_LEN_LIMIT).contains(&max_key_len) {
+        issues.add(format!("{key}.max_key_len"), format!("must be between 1 and {MAX_KEY_LEN_LIMIT}"));
+    }
+    let scope =
+        issues.check(&format!("{key}.scope"), ScopeSource::parse(s.scope.as_deref().unwrap_or(defaults::SCOPE)));
+    let ignore: Vec<JsonPointer> = s
+        .ignore
+        .iter()
+        .flatten()
+        .filter_map(|p| issues.check(&format!("{key}.ignore"), JsonPointer::parse(p)))
+        .collect();
+    let fingerprint_headers: Vec<HeaderName> = s
+        .fingerprint_headers
+        .iter()
+        .flatten()
+        .filter_map(|h| header_name(issues, &format!("{key}.fingerprint_headers"), h))
+        .collect();
+    let lease = positive_duration(issues, &format!("{key}.lease"), s.lease, defaults::LEASE);
+    if lease < Duration::from_millis(10) {
+        issues.add(format!("{key}.lease"), "must be at least 10ms");
+    }
+    let wait = s.wait.map_or(defaults::WAIT, |d| d.0);
+    let retention = positive_duration(issues, &format!("{key}.retention"), s.retention, defaults::RETENTION);
+    let store_statuses = statuses(&format!("{key}.store_statuses"), s.store_statuses.as_deref(), issues);
+    let max_request_body =
+        body_limit(issues, &format!("{key}.max_request_body"), s.max_request_body, defaults::MAX_REQUEST_BODY);
+    let max_stored_body =
+        body_limit(issues, &format!("{key}.max_stored_body"), s.max_stored_body, defaults::MAX_STORED_BODY);
+    let exclude_headers: Vec<HeaderName> = s
+        .exclude_headers
+        .iter()
+        .flatten()
+        .filter_map(|h| header_name(issues, &format!("{key}.exclude_headers"), h))
+        .collect();
+    let on_store_error = issues.check(
+        &format!("{key}.on_store_error"),
+        StoreFailurePolicy::parse(s.on_store_error.as_deref().unwrap_or("fail-closed")),
+    );
+    let replay_header = header_name(
+        issues,
+        &format!("{key}.replay_header"),
+        s.replay_header.as_deref().unwrap_or(defaults::REPLAY_HEADER),
+    );
+    Some(IdempotencyPolicy {
+        required: s.required.unwrap_or(true),
+        header: header?,
+        max_key_len,
+        scope: scope?,
+        fingerprint: FingerprintSpec { ignore, headers: fingerprint_headers },
+        lease,
+        renew: s.renew.unwrap_or(true),
+        wait,
+        retention,
+        store_statuses: store_statuses?,
+        max_request_body: max_request_body?,
+        max_stored_body: max_stored_body?,
+        exclude_headers,
+        on_store_error: on_store_error?,
+        replay_header: replay_header?,
+    })
+}
+
+fn statuses(key: &str, entries: Option<&[StatusEntry]>, issues: &mut Issues) -> Option<StatusSet> {
+    let mut set = StatusSet::empty();
+    let Some(entries) = entries else {
+        for class in defaults::STORE_STATUSES {
+            issues.check(key, set.insert_text(class))?;
+        }
+        return Some(set);
+    };
+    let mut ok = true;
+    for entry in entries {
+        let text = match entry {
+            StatusEntry::Code(code) => code.to_string(),
+            StatusEntry::Text(text) => text.clone(),
+        };
+        ok &= issues.check(key, set.insert_text(&text)).is_some();
+    }
+    ok.then_some(set)
+}
+
+fn header_name(issues: &mut Issues, key: &str, name: &str) -> Option<HeaderName> {
+    issues
+        .check(key, HeaderName::from_bytes(name.as_bytes()).map_err(|_| format!("{name:?} is not a valid header name")))
+}
+
+fn positive_duration(issues: &mut Issues, key: &str, value: Option<HumanDuration>, default: Duration) -> Duration {
+    let d = value.map_or(default, |d| d.0);
+    if d.is_zero() {
+        issues.add(key, "must be longer than 0");
+    }
+    d
+}
+
+fn positive_size(issues: &mut Issues, key: &str, value: Option<HumanSize>, default: u64) -> u64 {
+    let n = value.map_or(default, |s| s.0);
+    if n == 0 {
+        issues.add(key, "must be larger than 0");
+    }
+    n
+}
+
+fn body_limit(issues: &mut Issues, key: &str, value: Option<HumanSize>, default: u64) -> Option<usize> {
+    let n = positive_size(issues, key, value, default);
+    // Bodies are held in memory whole; anything above 1 GiB is a typo, not a plan.
+    if n > 1 << 30 {
+        issues.add(key, "must be at most 1GiB");
+        return None;
+    }
+    usize::try_from(n).ok()
+}

@@ -1,0 +1,148 @@
+//! Header hygiene at the two borders of the proxy.
+//!
+//! Hop-by-hop headers describe one connection and must not cross the proxy (RFC 9110 §7.6.1):
+//! forwarding `Connection`, `Transfer-Encoding` or `Upgrade` invites request smuggling and
+//! broken framing. Stored responses get a stricter filter still: a replay must never hand one
+//! client's session cookie or credential challenge to whoever retries.
+
+use std::net::IpAddr;
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+
+/// Headers that are hop-by-hop whatever `Connection` says.
+const HOP_BY_HOP: [HeaderName; 9] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+/// Whether `name` is always hop-by-hop.
+pub fn is_hop_by_hop(name: &HeaderName) -> bool {
+    HOP_BY_HOP.contains(name)
+}
+
+/// Removes hop-by-hop headers, including every header named in `Connection`.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
+        .collect();
+    for name in named.iter().chain(&HOP_BY_HOP) {
+        headers.remove(name);
+    }
+}
+
+/// What the upstream learns about the original request.
+pub struct Forwarded<'a> {
+    /// The client's address as this proxy saw it.
+    pub client_ip: IpAddr,
+    /// `http`, as clients reach this listener in cleartext.
+    pub proto: &'static str,
+    /// The Host (or :authority) the client asked for.
+    pub host: Option<&'a HeaderValue>,
+}
+
+/// Appends the client to `X-Forwarded-For` and sets `X-Forwarded-Proto` and `-Host`.
+pub fn set_forwarded(headers: &mut HeaderMap, fwd: &Forwarded<'_>) {
+    const XFF: HeaderName = HeaderName::from_static("x-forwarded-for");
+    const XFP: HeaderName = HeaderName::from_static("x-forwarded-proto");
+    const XFH: HeaderName = HeaderName::from_static("x-forwarded-host");
+    let client = fwd.client_ip.to_string();
+    let chain = match headers.get(&XFF).and_then(|v| v.to_str().ok()) {
+        Some(prior) if !prior.trim().is_empty() => format!("{prior}, {client}"),
+        _ => client,
+    };
+    if let Ok(v) = HeaderValue::from_str(&chain) {
+        headers.insert(XFF, v);
+    }
+    headers.insert(XFP, HeaderValue::from_static(fwd.proto));
+    if let Some(host) = fwd.host {
+        headers.insert(XFH, host.clone());
+    }
+}
+
+/// Response headers that are never stored for replay.
+const NEVER_STORED: [HeaderName; 2] = [header::SET_COOKIE, header::WWW_AUTHENTICATE];
+
+/// The headers of an upstream response that may be stored and replayed.
+pub fn storable(headers: &HeaderMap, exclude: &[HeaderName]) -> HeaderMap {
+    let mut out = headers.clone();
+    strip_hop_by_hop(&mut out);
+    let proxy_headers: Vec<HeaderName> =
+        out.keys().filter(|name| name.as_str().starts_with("proxy-")).cloned().collect();
+    for name in NEVER_STORED.iter().chain(exclude).chain(&proxy_headers) {
+        out.remove(name);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(HeaderName::from_bytes(k.as_bytes()).unwrap(), HeaderValue::from_str(v).unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn strips_standard_and_connection_named_headers() {
+        let mut h = map(&[
+            ("connection", "keep-alive, X-Secret-Hop"),
+            ("keep-alive", "timeout=5"),
+            ("x-secret-hop", "1"),
+            ("transfer-encoding", "chunked"),
+            ("upgrade", "websocket"),
+            ("te", "trailers"),
+            ("idempotency-key", "\"k\""),
+            ("content-type", "application/json"),
+        ]);
+        strip_hop_by_hop(&mut h);
+        let left: Vec<_> = h.keys().map(|k| k.as_str()).collect();
+        assert_eq!(left, ["idempotency-key", "content-type"]);
+    }
+
+    #[test]
+    fn forwarded_headers_append_to_an_existing_chain() {
+        let host = HeaderValue::from_static("shop.example");
+        let mut h = map(&[("x-forwarded-for", "203.0.113.9")]);
+        set_forwarded(&mut h, &Forwarded { client_ip: "10.0.0.2".parse().unwrap(), proto: "http", host: Some(&host) });
+        assert_eq!(h["x-forwarded-for"], "203.0.113.9, 10.0.0.2");
+        assert_eq!(h["x-forwarded-proto"], "http");
+        assert_eq!(h["x-forwarded-host"], "shop.example");
+
+        let mut fresh = HeaderMap::new();
+        set_forwarded(&mut fresh, &Forwarded { client_ip: "::1".parse().unwrap(), proto: "http", host: None });
+        assert_eq!(fresh["x-forwarded-for"], "::1");
+        assert!(fresh.get("x-forwarded-host").is_none());
+    }
+
+    #[test]
+    fn stored_headers_drop_cookies_challenges_proxy_and_excluded() {
+        let h = map(&[
+            ("content-type", "application/json"),
+            ("set-cookie", "session=abc"),
+            ("www-authenticate", "Bearer"),
+            ("proxy-authenticate", "Basic"),
+            ("proxy-status", "x"),
+            ("transfer-encoding", "chunked"),
+            ("x-internal-trace", "t"),
+            ("location", "/orders/1"),
+        ]);
+        let kept = storable(&h, &[HeaderName::from_static("x-internal-trace")]);
+        let names: Vec<_> = kept.keys().map(|k| k.as_str()).collect();
+        assert_eq!(names, ["content-type", "location"]);
+    }
+}

@@ -1,0 +1,175 @@
+//! The idempotency policy of one route: everything `[routes.idempotency]` decides, parsed and
+//! checked once at load so the request path reads plain values.
+
+use std::time::Duration;
+
+use http::{HeaderName, StatusCode};
+
+use crate::fingerprint::FingerprintSpec;
+use crate::scope::ScopeSource;
+
+/// What an idempotent route does, per request.
+#[derive(Debug, Clone)]
+pub struct IdempotencyPolicy {
+    /// A request without a key gets 400 (else it is passed through without idempotency).
+    pub required: bool,
+    /// The key header.
+    pub header: HeaderName,
+    /// Longest accepted key.
+    pub max_key_len: usize,
+    /// Whose key space a request belongs to.
+    pub scope: ScopeSource,
+    /// What besides method, path, query and body goes into the fingerprint.
+    pub fingerprint: FingerprintSpec,
+    /// Claim duration without renewal.
+    pub lease: Duration,
+    /// Whether the owner renews its lease while the upstream call runs.
+    pub renew: bool,
+    /// How long a duplicate waits for the first request.
+    pub wait: Duration,
+    /// How long a completed response is replayed.
+    pub retention: Duration,
+    /// Which upstream statuses are stored.
+    pub store_statuses: StatusSet,
+    /// Largest request body accepted.
+    pub max_request_body: usize,
+    /// Largest response body stored.
+    pub max_stored_body: usize,
+    /// Response headers never stored, besides the ones that never are.
+    pub exclude_headers: Vec<HeaderName>,
+    /// What happens when the store cannot be reached.
+    pub on_store_error: StoreFailurePolicy,
+    /// Header that marks replayed responses.
+    pub replay_header: HeaderName,
+}
+
+impl IdempotencyPolicy {
+    /// How long an in-progress record may live in the store at most: long enough for the
+    /// lease, and as long as the retention so that a crashed claim still answers 422 to a
+    /// different body under its key until the key would have expired anyway.
+    pub fn in_progress_ttl(&self) -> Duration {
+        self.lease.max(self.retention)
+    }
+}
+
+/// What to do when the store fails (`on_store_error`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreFailurePolicy {
+    /// 503 with Retry-After; nothing is forwarded. Safe by default.
+    FailClosed,
+    /// Forward without idempotency, marked `Idempotency-Status: bypassed`; the upstream's own
+    /// constraint is the only protection meanwhile.
+    FailOpen,
+}
+
+impl StoreFailurePolicy {
+    /// Parses the config values `"fail-closed"` and `"fail-open"`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        match text {
+            "fail-closed" => Ok(Self::FailClosed),
+            "fail-open" => Ok(Self::FailOpen),
+            other => Err(format!("{other:?} is neither \"fail-closed\" nor \"fail-open\"")),
+        }
+    }
+}
+
+/// A set of HTTP statuses, as a bitmap over 100..=599.
+#[derive(Clone, PartialEq, Eq)]
+pub struct StatusSet([u64; 8]);
+
+impl StatusSet {
+    /// No status at all.
+    pub fn empty() -> Self {
+        Self([0; 8])
+    }
+
+    /// Adds one status code (100..=599).
+    pub fn insert(&mut self, code: u16) {
+        if (100..600).contains(&code) {
+            let i = usize::from(code - 100);
+            self.0[i / 64] |= 1 << (i % 64);
+        }
+    }
+
+    /// Adds a whole class: `class = 2` adds 200..=299.
+    pub fn insert_class(&mut self, class: u16) {
+        for code in class * 100..class * 100 + 100 {
+            self.insert(code);
+        }
+    }
+
+    /// Whether `status` is in the set.
+    pub fn contains(&self, status: StatusCode) -> bool {
+        let code = status.as_u16();
+        if !(100..600).contains(&code) {
+            return false;
+        }
+        let i = usize::from(code - 100);
+        self.0[i / 64] & (1 << (i % 64)) != 0
+    }
+
+    /// Parses one config entry: `"2xx"` or `"201"`.
+    pub fn insert_text(&mut self, text: &str) -> Result<(), String> {
+        let t = text.trim().to_ascii_lowercase();
+        if let Some(class) = t.strip_suffix("xx") {
+            return match class.parse::<u16>() {
+                Ok(c @ 1..=5) => {
+                    self.insert_class(c);
+                    Ok(())
+                }
+                _ => Err(format!("{text:?} is not a status class from \"1xx\" to \"5xx\"")),
+            };
+        }
+        match t.parse::<u16>() {
+            Ok(code @ 100..=599) => {
+                self.insert(code);
+                Ok(())
+            }
+            _ => Err(format!("{text:?} is neither a status code (100-599) nor a class like \"2xx\"")),
+        }
+    }
+}
+
+impl std::fmt::Debug for StatusSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let count: u32 = self.0.iter().map(|word| word.count_ones()).sum();
+        write!(f, "StatusSet({count} codes)")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(entries: &[&str]) -> StatusSet {
+        let mut s = StatusSet::empty();
+        for e in entries {
+            s.insert_text(e).unwrap();
+        }
+        s
+    }
+
+    #[test]
+    fn classes_and_codes() {
+        let s = set(&["2xx", "409"]);
+        assert!(s.contains(StatusCode::OK));
+        assert!(s.contains(StatusCode::from_u16(299).unwrap()));
+        assert!(s.contains(StatusCode::CONFLICT));
+        assert!(!s.contains(StatusCode::BAD_REQUEST));
+        assert!(!s.contains(StatusCode::INTERNAL_SERVER_ERROR));
+    }
+
+    #[test]
+    fn bad_entries_are_rejected() {
+        let mut s = StatusSet::empty();
+        for bad in ["6xx", "0xx", "99", "600", "ok", "2x"] {
+            assert!(s.insert_text(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn store_failure_policy_parses() {
+        assert_eq!(StoreFailurePolicy::parse("fail-open"), Ok(StoreFailurePolicy::FailOpen));
+        assert!(StoreFailurePolicy::parse("open").is_err());
+    }
+}

@@ -1,0 +1,184 @@
+//! Router: method + path pattern → route.
+//!
+//! Patterns use matchit's syntax: exact (`/orders`), a named segment (`/orders/{id}`) or a
+//! tail (`/files/{*rest}`). Several routes may share one pattern with disjoint methods
+//! (`POST /orders` idempotent, `GET /orders` pass-through).
+//!
+//! Methods are matched before paths: there is one path tree per method named in the config
+//! (holding that method's routes and every route without `methods`), and one tree for all
+//! other methods. So `GET /orders`, when only `POST /orders` is configured, falls through to a
+//! catch-all `/{*rest}` route instead of stopping at the POST-only `/orders` pattern.
+
+use std::collections::HashMap;
+
+use http::Method;
+use thiserror::Error;
+
+/// Why a set of routes cannot be compiled.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum RouterError {
+    /// matchit refused the pattern (bad syntax, or it conflicts with another pattern).
+    #[error("invalid path pattern {pattern:?}: {reason}")]
+    Pattern { index: usize, pattern: String, reason: String },
+    /// Two routes match the same method on the same pattern.
+    #[error("routes {first:?} and {second:?} both match {method} {pattern}")]
+    Overlap { index: usize, first: String, second: String, method: String, pattern: String },
+}
+
+/// One route as the router sees it.
+pub struct RouteSpec<'a, T> {
+    /// Route name, for error messages.
+    pub name: &'a str,
+    /// Path pattern.
+    pub pattern: &'a str,
+    /// Methods; `None` is every method.
+    pub methods: Option<&'a [Method]>,
+    /// What a match returns.
+    pub value: T,
+}
+
+/// A compiled route table.
+pub struct Router<T> {
+    by_method: HashMap<Method, matchit::Router<T>>,
+    any_method: matchit::Router<T>,
+}
+
+impl<T: Clone> Router<T> {
+    /// Compiles routes. Within one method, a route that names the method wins over a route
+    /// without `methods` on the same pattern.
+    pub fn new<'a>(specs: impl IntoIterator<Item = RouteSpec<'a, T>>) -> Result<Self, RouterError> {
+        let specs: Vec<RouteSpec<'a, T>> = specs.into_iter().collect();
+        for (index, spec) in specs.iter().enumerate() {
+            if !spec.pattern.starts_with('/') {
+                return Err(RouterError::Pattern {
+                    index,
+                    pattern: spec.pattern.to_owned(),
+                    reason: "it must start with '/'".into(),
+                });
+            }
+            check_overlap(index, spec, &specs[..index])?;
+        }
+        let mut methods: Vec<&Method> = specs.iter().flat_map(|s| s.methods.into_iter().flatten()).collect();
+        methods.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        methods.dedup();
+        let mut by_method = HashMap::new();
+        for method in methods {
+            by_method.insert(method.clone(), tree(&specs, Some(method))?);
+        }
+        Ok(Self { by_method, any_method: tree(&specs, None)? })
+    }
+
+    /// The route for `method` and `path`, if any.
+    pub fn find(&self, method: &Method, path: &str) -> Option<&T> {
+        let tree = self.by_method.get(method).unwrap_or(&self.any_method);
+        tree.at(path).ok().map(|m| m.value)
+    }
+}
+
+/// The path tree of one method (`None`: of methods no route names).
+fn tree<T: Clone>(specs: &[RouteSpec<'_, T>], method: Option<&Method>) -> Result<matchit::Router<T>, RouterError> {
+    let explicit = |s: &RouteSpec<'_, T>| method.is_some_and(|m| s.methods.is_some_and(|ms| ms.contains(m)));
+    let mut tree = matchit::Router::new();
+    for (index, spec) in specs.iter().enumerate() {
+        let applies = explicit(spec)
+            || (spec.methods.is_none() && !specs.iter().any(|o| o.pattern == spec.pattern && explicit(o)));
+        if applies {
+            tree.insert(spec.pattern, spec.value.clone()).map_err(|e| RouterError::Pattern {
+                index,
+                pattern: spec.pattern.to_owned(),
+                reason: e.to_string(),
+            })?;
+        }
+    }
+    Ok(tree)
+}
+
+fn check_overlap<T>(index: usize, new: &RouteSpec<'_, T>, earlier: &[RouteSpec<'_, T>]) -> Result<(), RouterError> {
+    for existing in earlier.iter().filter(|e| e.pattern == new.pattern) {
+        let shared = match (existing.methods, new.methods) {
+            (None, None) => Some("every method".to_owned()),
+            (Some(a), Some(b)) => a.iter().find(|m| b.contains(m)).map(Method::to_string),
+            // One route with methods and one without: the explicit one wins for its methods.
+            _ => None,
+        };
+        if let Some(method) = shared {
+            return Err(RouterError::Overlap {
+                index,
+                first: existing.name.to_owned(),
+                second: new.name.to_owned(),
+                method,
+                pattern: new.pattern.to_owned(),
+            });
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec<'a>(name: &'a str, pattern: &'a str, methods: Option<&'a [Method]>) -> RouteSpec<'a, &'a str> {
+        RouteSpec { name, pattern, methods, value: name }
+    }
+
+    const POST: &[Method] = &[Method::POST];
+    const GET: &[Method] = &[Method::GET];
+
+    #[test]
+    fn exact_param_and_tail_patterns() {
+        let r = Router::new([
+            spec("create", "/orders", Some(POST)),
+            spec("one", "/orders/{id}", Some(GET)),
+            spec("files", "/files/{*rest}", None),
+        ])
+        .unwrap();
+        assert_eq!(r.find(&Method::POST, "/orders"), Some(&"create"));
+        assert_eq!(r.find(&Method::GET, "/orders/42"), Some(&"one"));
+        assert_eq!(r.find(&Method::DELETE, "/files/a/b/c"), Some(&"files"));
+        assert_eq!(r.find(&Method::GET, "/orders"), None);
+        assert_eq!(r.find(&Method::POST, "/nothing"), None);
+        assert_eq!(r.find(&Method::POST, "/files/x"), Some(&"files"));
+        assert_eq!(r.find(&Method::GET, "/orders/42/items"), None);
+    }
+
+    #[test]
+    fn one_pattern_many_methods() {
+        let r = Router::new([
+            spec("list", "/orders", Some(GET)),
+            spec("fallback", "/orders", None),
+            spec("create", "/orders", Some(POST)),
+        ])
+        .unwrap();
+        assert_eq!(r.find(&Method::POST, "/orders"), Some(&"create"));
+        assert_eq!(r.find(&Method::GET, "/orders"), Some(&"list"));
+        assert_eq!(r.find(&Method::PATCH, "/orders"), Some(&"fallback"));
+    }
+
+    #[test]
+    fn a_method_that_misses_a_pattern_falls_through_to_a_catch_all() {
+        let r = Router::new([spec("create", "/orders", Some(POST)), spec("rest", "/{*rest}", None)]).unwrap();
+        assert_eq!(r.find(&Method::POST, "/orders"), Some(&"create"));
+        assert_eq!(r.find(&Method::GET, "/orders"), Some(&"rest"));
+        assert_eq!(r.find(&Method::from_bytes(b"PURGE").unwrap(), "/orders"), Some(&"rest"));
+        assert_eq!(r.find(&Method::POST, "/other"), Some(&"rest"));
+    }
+
+    #[test]
+    fn overlapping_methods_on_one_pattern_are_rejected() {
+        let err = Router::new([spec("a", "/orders", Some(POST)), spec("b", "/orders", Some(POST))]).err();
+        assert!(matches!(err, Some(RouterError::Overlap { index: 1, .. })), "{err:?}");
+        let err = Router::new([spec("a", "/orders", None), spec("b", "/orders", None)]).err();
+        assert!(matches!(err, Some(RouterError::Overlap { .. })), "{err:?}");
+    }
+
+    #[test]
+    fn conflicting_or_bad_patterns_are_rejected() {
+        let err = Router::new([spec("a", "/orders/{id}", None), spec("b", "/orders/{oid}", None)]).err();
+        assert!(matches!(err, Some(RouterError::Pattern { index: 1, .. })), "{err:?}");
+        let err = Router::new([spec("a", "orders", None)]).err();
+        assert!(matches!(err, Some(RouterError::Pattern { index: 0, .. })), "{err:?}");
+        let err = Router::new([spec("a", "/orders/{id", None)]).err();
+        assert!(matches!(err, Some(RouterError::Pattern { .. })), "{err:?}");
+    }
+}
