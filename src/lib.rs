@@ -33,3 +33,4 @@ pub mod key;
 pub mod policy;
 pub mod router;
 pub mod scope;
+pub mod store;

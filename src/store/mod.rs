@@ -1,0 +1,312 @@
+//! Store: the state of every key, shared by all gateway instances.
+//!
+//! ```text
+//! absent ──claim──▶ in_progress{fingerprint, owner, lease deadline, attempt}
+//! in_progress ──complete(owner)──▶ completed{fingerprint, response}   (retention)
+//! in_progress ──release(owner)───▶ absent
+//! in_progress ──lease passes─────▶ claimable again (next claim takes over, attempt + 1)
+//! completed   ──retention passes─▶ absent
+//! ```
+//!
+//! Every transition after the claim names the owner token, so a gateway whose lease was taken
+//! over can neither complete nor release the new owner's claim. Claim, fingerprint compare,
+//! replay read and takeover happen in ONE store call; so does each later transition.
+//!
+//! Two backends implement [`Store`] and pass one conformance suite (`tests/store_contract.rs`):
+//! [`RedisStore`] (Lua scripts, any number of instances) and [`MemoryStore`] (one process).
+
+mod memory;
+mod record;
+mod redis;
+mod waiters;
+
+use std::future::Future;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use thiserror::Error;
+
+pub use self::memory::MemoryStore;
+pub use self::record::{RecordError, StoredResponse};
+pub use self::redis::RedisStore;
+pub use self::waiters::Watch;
+
+use crate::config::{StoreBackendConfig, StoreConfig};
+use crate::fingerprint::Fingerprint;
+use crate::key::IdempotencyKey;
+use crate::scope::Scope;
+
+/// The store's name for one (route, scope, key): a hash, so that client input never lands in
+/// a Redis key name (no injection, no steering of cluster hash slots).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RecordKey(String);
+
+impl RecordKey {
+    /// Names the record of `key` sent by `scope` to `route`.
+    pub fn new(prefix: &str, route: &str, scope: &Scope, key: &IdempotencyKey) -> Self {
+        let mut h = Sha256::new();
+        h.update(b"idemgate-record-v1\0");
+        for part in [route.as_bytes(), scope.as_bytes(), key.as_str().as_bytes()] {
+            h.update((part.len() as u64).to_be_bytes());
+            h.update(part);
+        }
+        Self(format!("{prefix}:r:{}", hex::encode(h.finalize())))
+    }
+
+    /// The name as stored.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// A short form for logs: enough to correlate, too little to be a key name.
+    pub fn short(&self) -> &str {
+        let hash = self.0.rsplit(':').next().unwrap_or(&self.0);
+        &hash[..hash.len().min(12)]
+    }
+}
+
+/// A random token naming the owner of one claim.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct OwnerToken([u8; 16]);
+
+impl OwnerToken {
+    fn generate() -> Self {
+        Self(rand::random())
+    }
+
+    fn as_bytes(&self) -> &[u8; 16] {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for OwnerToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "OwnerToken({})", hex::encode(&self.0[..4]))
+    }
+}
+
+/// The right to run one request upstream. Not `Clone`: it is consumed by
+/// [`Store::complete`] or [`Store::release`], so each claim ends exactly once. A lease that
+/// is dropped instead (the process died, a bug) simply expires and is taken over.
+#[derive(Debug)]
+#[must_use = "a lease must be completed or released, or its key stays blocked until it expires"]
+pub struct Lease {
+    key: RecordKey,
+    owner: OwnerToken,
+    attempt: u32,
+    duration: Duration,
+    ttl: Duration,
+}
+
+impl Lease {
+    pub(crate) fn new(key: RecordKey, owner: OwnerToken, attempt: u32, duration: Duration, ttl: Duration) -> Self {
+        Self { key, owner, attempt, duration, ttl }
+    }
+
+    /// The record this lease is for.
+    pub fn key(&self) -> &RecordKey {
+        &self.key
+    }
+
+    /// 1 for the first claim, +1 for every takeover of an expired lease.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// How long the lease lasts from its last renewal.
+    pub fn duration(&self) -> Duration {
+        self.duration
+    }
+}
+
+/// The result of claiming a key.
+#[derive(Debug)]
+pub enum Claim {
+    /// This request owns the key and runs upstream.
+    Acquired(Lease),
+    /// The first request finished; here is its response to replay.
+    Completed(StoredResponse),
+    /// Another request holds the key and its lease is live for `lease_left`.
+    InFlight { lease_left: Duration },
+    /// The key was used with a different fingerprint.
+    Mismatch,
+}
+
+/// The result of renewing a lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Renewal {
+    /// The lease runs for its full duration again.
+    Renewed,
+    /// The claim is no longer ours (taken over, purged or expired from the store).
+    Lost,
+}
+
+/// The result of completing or releasing a lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settled {
+    /// The transition happened.
+    Done,
+    /// The claim was no longer ours; nothing was written.
+    Lost,
+}
+
+/// What the store holds for one key, for inspection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Entry {
+    /// A claim is open.
+    InProgress {
+        /// Claim attempt number.
+        attempt: u32,
+        /// Time left on the lease; zero when it has passed and the key can be taken over.
+        lease_left: Duration,
+        /// Time until the record is dropped.
+        expires_in: Duration,
+    },
+    /// A response is stored.
+    Completed {
+        /// Claim attempt that completed.
+        attempt: u32,
+        /// The stored status code.
+        status: u16,
+        /// Size of the stored body.
+        body_len: usize,
+        /// Time until the record is dropped.
+        expires_in: Duration,
+    },
+}
+
+/// Why a store call failed. Any of these makes the route apply its `on_store_error` policy.
+#[derive(Debug, Error)]
+pub enum StoreError {
+    /// The store could not be reached or refused the command.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// The call did not finish within the configured timeout.
+    #[error("store call timed out after {0:?}")]
+    Timeout(Duration),
+    /// The store answered something this gateway cannot read.
+    #[error("unexpected store reply: {0}")]
+    Protocol(String),
+    /// The memory store is at its bound and holds only open claims.
+    #[error("memory store is full")]
+    Full,
+}
+
+/// The transitions of one key. Implementations must be atomic per call.
+pub trait Store: Send + Sync {
+    /// Claims `key` for a request with `fingerprint`: acquires it if absent (or its lease has
+    /// passed), else reports what is there. `ttl` bounds how long an open claim is kept.
+    fn claim(
+        &self,
+        key: &RecordKey,
+        fingerprint: &Fingerprint,
+        lease: Duration,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Claim, StoreError>> + Send;
+
+    /// Extends a live lease by its full duration.
+    fn renew(&self, lease: &Lease) -> impl Future<Output = Result<Renewal, StoreError>> + Send;
+
+    /// Stores the response under the lease's key for `retention`, ending the claim.
+    fn complete(
+        &self,
+        lease: Lease,
+        response: &StoredResponse,
+        retention: Duration,
+    ) -> impl Future<Output = Result<Settled, StoreError>> + Send;
+
+    /// Ends the claim without a response: the key becomes absent, so a retry runs again.
+    fn release(&self, lease: Lease) -> impl Future<Output = Result<Settled, StoreError>> + Send;
+
+    /// What the store holds for `key`.
+    fn get(&self, key: &RecordKey) -> impl Future<Output = Result<Option<Entry>, StoreError>> + Send;
+
+    /// Removes `key` whatever its state; `true` if something was removed.
+    fn delete(&self, key: &RecordKey) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Starts watching `key`: the returned [`Watch`] fires when the key is completed or
+    /// released after this call. Register BEFORE re-reading the key, or a change between the
+    /// read and the registration is missed.
+    fn watch(&self, key: &RecordKey) -> Watch;
+
+    /// Whether the store answers.
+    fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+}
+
+/// The configured backend.
+pub enum Backend {
+    /// Redis.
+    Redis(RedisStore),
+    /// In-process memory.
+    Memory(MemoryStore),
+}
+
+impl Backend {
+    /// Builds the backend named by the config. Redis connects lazily: a gateway starts (and
+    /// answers by its `on_store_error` policy) even while Redis is down.
+    pub fn from_config(config: &StoreConfig) -> Result<Self, StoreError> {
+        Ok(match &config.backend {
+            StoreBackendConfig::Redis { url, pool_size } => {
+                Self::Redis(RedisStore::new(url, *pool_size, config.timeout, &config.key_prefix)?)
+            }
+            StoreBackendConfig::Memory { max_entries, max_bytes } => {
+                Self::Memory(MemoryStore::new(*max_entries, *max_bytes))
+            }
+        })
+    }
+
+    /// `"redis"` or `"memory"`, for logs and metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Redis(_) => "redis",
+            Self::Memory(_) => "memory",
+        }
+    }
+}
+
+macro_rules! delegate {
+    ($self:ident, $s:ident => $call:expr) => {
+        match $self {
+            Backend::Redis($s) => $call,
+            Backend::Memory($s) => $call,
+        }
+    };
+}
+
+impl Store for Backend {
+    async fn claim(
+        &self,
+        key: &RecordKey,
+        fp: &Fingerprint,
+        lease: Duration,
+        ttl: Duration,
+    ) -> Result<Claim, StoreError> {
+        delegate!(self, s => s.claim(key, fp, lease, ttl).await)
+    }
+    async fn renew(&self, lease: &Lease) -> Result<Renewal, StoreError> {
+        delegate!(self, s => s.renew(lease).await)
+    }
+    async fn complete(
+        &self,
+        lease: Lease,
+        response: &StoredResponse,
+        retention: Duration,
+    ) -> Result<Settled, StoreError> {
+        delegate!(self, s => s.complete(lease, response, retention).await)
+    }
+    async fn release(&self, lease: Lease) -> Result<Settled, StoreError> {
+        delegate!(self, s => s.release(lease).await)
+    }
+    async fn get(&self, key: &RecordKey) -> Result<Option<Entry>, StoreError> {
+        delegate!(self, s => s.get(key).await)
+    }
+    async fn delete(&self, key: &RecordKey) -> Result<bool, StoreError> {
+        delegate!(self, s => s.delete(key).await)
+    }
+    fn watch(&self, key: &RecordKey) -> Watch {
+        delegate!(self, s => s.watch(key))
+    }
+    async fn ping(&self) -> Result<(), StoreError> {
+        delegate!(self, s => s.ping().await)
+    }
+}

@@ -1,0 +1,302 @@
+//! The Redis store: every transition is one Lua script, run by SHA.
+//!
+//! Scripts are built once (their SHA computed once) and sent with EVALSHA; on NOSCRIPT (a
+//! restarted or failed-over Redis) the script is loaded and the call repeated. Each call takes
+//! a pooled connection only for its own round trip and is bounded by the store timeout.
+//! Times are Redis server time (`TIME`) or relative expiry, never a gateway's wall clock,
+//! so that gateways with skewed clocks agree on every lease.
+//!
+//! Waiting duplicates are woken through pub/sub: a claim that finds the key in flight sets a
+//! flag on the record, and the owner's complete/release script publishes the key name on the
+//! gateway's channel only when that flag is set, so uncontended keys cost nothing. One
+//! subscriber task per gateway fans messages out to local waiters. Pub/sub delivery is
+//! at-most-once; waiters therefore also re-read the key at a bounded interval.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use deadpool_redis::{Manager, Pool, Runtime};
+use futures_util::StreamExt;
+use redis::{AsyncConnectionConfig, Cmd, ErrorKind, RedisError, Script, ServerErrorKind, Value};
+use tokio::task::JoinHandle;
+
+use super::waiters::Waiters;
+use super::{Claim, Entry, Lease, OwnerToken, RecordKey, Renewal, Settled, Store, StoreError, StoredResponse, Watch};
+use crate::fingerprint::Fingerprint;
+
+/// How often a waiter re-reads its key while the subscription is up (a lost message costs at
+/// most this much extra wait) and while it is down.
+const POLL_SUBSCRIBED: Duration = Duration::from_secs(1);
+const POLL_UNSUBSCRIBED: Duration = Duration::from_millis(100);
+
+struct Scripts {
+    claim: Script,
+    renew: Script,
+    complete: Script,
+    release: Script,
+    inspect: Script,
+}
+
+impl Scripts {
+    fn new() -> Self {
+        Self {
+            claim: Script::new(include_str!("lua/claim.lua")),
+            renew: Script::new(include_str!("lua/renew.lua")),
+            complete: Script::new(include_str!("lua/complete.lua")),
+            release: Script::new(include_str!("lua/release.lua")),
+            inspect: Script::new(include_str!("lua/inspect.lua")),
+        }
+    }
+}
+
+/// Redis-backed store, shared by any number of gateway instances.
+pub struct RedisStore {
+    pool: Pool,
+    scripts: Scripts,
+    timeout: Duration,
+    channel: String,
+    waiters: Arc<Waiters>,
+    subscribed: Arc<AtomicBool>,
+    subscriber: JoinHandle<()>,
+}
+
+impl Drop for RedisStore {
+    fn drop(&mut self) {
+        self.subscriber.abort();
+    }
+}
+
+impl RedisStore {
+    /// Prepares the pool and starts the notification subscriber. Connections are made on
+    /// first use, so this succeeds while Redis is down. Must be called inside a tokio runtime.
+    pub fn new(url: &str, pool_size: usize, timeout: Duration, key_prefix: &str) -> Result<Self, StoreError> {
+        let connection =
+            AsyncConnectionConfig::new().set_connection_timeout(Some(timeout)).set_response_timeout(Some(timeout));
+        let manager = Manager::new_with_config(url, connection).map_err(unavailable)?;
+        let pool = Pool::builder(manager)
+            .max_size(pool_size)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(timeout))
+            .create_timeout(Some(timeout))
+            .recycle_timeout(Some(timeout))
+            .build()
+            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+        let client = redis::Client::open(url).map_err(unavailable)?;
+        let channel = format!("{key_prefix}:settled");
+        let waiters = Arc::new(Waiters::default());
+        let subscribed = Arc::new(AtomicBool::new(false));
+        let subscriber =
+            tokio::spawn(subscribe(client, channel.clone(), Arc::clone(&waiters), Arc::clone(&subscribed)));
+        Ok(Self { pool, scripts: Scripts::new(), timeout, channel, waiters, subscribed, subscriber })
+    }
+
+    /// Runs `cmd` (an EVALSHA of `script`) on a pooled connection, loading the script on
+    /// NOSCRIPT, all within the store timeout.
+    async fn eval(&self, script: &Script, cmd: Cmd) -> Result<Value, StoreError> {
+        let call = async {
+            let mut conn = self.pool.get().await.map_err(|e| StoreError::Unavailable(e.to_string()))?;
+            match cmd.query_async(&mut conn).await {
+                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    script.load_async(&mut conn).await.map_err(unavailable)?;
+                    cmd.query_async(&mut conn).await.map_err(unavailable)
+                }
+                other => other.map_err(unavailable),
+            }
+        };
+        tokio::time::timeout(self.timeout, call).await.map_err(|_| StoreError::Timeout(self.timeout))?
+    }
+
+    fn evalsha(script: &Script, key: &RecordKey) -> Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash()).arg(1).arg(key.as_str());
+        cmd
+    }
+}
+
+fn unavailable(e: RedisError) -> StoreError {
+    StoreError::Unavailable(e.to_string())
+}
+
+fn ms(d: Duration) -> u64 {
+    // Redis rejects a zero expiry; every duration here is validated positive, keep it so.
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+impl Store for RedisStore {
+    async fn claim(
+        &self,
+        key: &RecordKey,
+        fingerprint: &Fingerprint,
+        lease: Duration,
+        ttl: Duration,
+    ) -> Result<Claim, StoreError> {
+        let owner = OwnerToken::generate();
+        let mut cmd = Self::evalsha(&self.scripts.claim, key);
+        cmd.arg(&fingerprint.as_bytes()[..]).arg(&owner.as_bytes()[..]).arg(ms(lease)).arg(ms(ttl.max(lease)));
+        let reply = self.eval(&self.scripts.claim, cmd).await?;
+        let mut items = Reply::array(reply)?;
+        match items.tag()?.as_slice() {
+            b"acquired" => {
+                let attempt = u32::try_from(items.int()?).map_err(|_| protocol("attempt out of range"))?;
+                Ok(Claim::Acquired(Lease::new(key.clone(), owner, attempt, lease, ttl)))
+            }
+            b"completed" => {
+                let record =
+                    StoredResponse::decode(Bytes::from(items.bytes()?)).map_err(|e| protocol(&e.to_string()))?;
+                Ok(Claim::Completed(record))
+            }
+            b"inflight" => Ok(Claim::InFlight { lease_left: Duration::from_millis(items.int()?.max(0) as u64) }),
+            b"mismatch" => Ok(Claim::Mismatch),
+            other => Err(protocol(&format!("unknown claim reply {:?}", String::from_utf8_lossy(other)))),
+        }
+    }
+
+    async fn renew(&self, lease: &Lease) -> Result<Renewal, StoreError> {
+        let mut cmd = Self::evalsha(&self.scripts.renew, &lease.key);
+        cmd.arg(&lease.owner.as_bytes()[..]).arg(ms(lease.duration)).arg(ms(lease.ttl.max(lease.duration)));
+        match Reply::integer(self.eval(&self.scripts.renew, cmd).await?)? {
+            1 => Ok(Renewal::Renewed),
+            _ => Ok(Renewal::Lost),
+        }
+    }
+
+    async fn complete(
+        &self,
+        lease: Lease,
+        response: &StoredResponse,
+        retention: Duration,
+    ) -> Result<Settled, StoreError> {
+        let mut cmd = Self::evalsha(&self.scripts.complete, &lease.key);
+        cmd.arg(&lease.owner.as_bytes()[..]).arg(&response.encode()[..]).arg(ms(retention)).arg(&self.channel);
+        settled(Reply::integer(self.eval(&self.scripts.complete, cmd).await?)?)
+    }
+
+    async fn release(&self, lease: Lease) -> Result<Settled, StoreError> {
+        let mut cmd = Self::evalsha(&self.scripts.release, &lease.key);
+        cmd.arg(&lease.owner.as_bytes()[..]).arg(&self.channel);
+        settled(Reply::integer(self.eval(&self.scripts.release, cmd).await?)?)
+    }
+
+    async fn get(&self, key: &RecordKey) -> Result<Option<Entry>, StoreError> {
+        let cmd = Self::evalsha(&self.scripts.inspect, key);
+        let mut items = Reply::array(self.eval(&self.scripts.inspect, cmd).await?)?;
+        if items.is_empty() {
+            return Ok(None);
+        }
+        let state = items.tag()?;
+        let attempt = u32::try_from(items.int()?).map_err(|_| protocol("attempt out of range"))?;
+        let lease_left = Duration::from_millis(items.int()?.max(0) as u64);
+        let expires_in = Duration::from_millis(items.int()?.max(0) as u64);
+        let record = items.bytes()?;
+        Ok(Some(match state.as_slice() {
+            b"p" => Entry::InProgress { attempt, lease_left, expires_in },
+            b"c" => {
+                let r = StoredResponse::decode(Bytes::from(record)).map_err(|e| protocol(&e.to_string()))?;
+                Entry::Completed { attempt, status: r.status.as_u16(), body_len: r.body.len(), expires_in }
+            }
+            _ => return Err(protocol("unknown record state")),
+        }))
+    }
+
+    async fn delete(&self, key: &RecordKey) -> Result<bool, StoreError> {
+        let call = async {
+            let mut conn = self.pool.get().await.map_err(|e| StoreError::Unavailable(e.to_string()))?;
+            redis::cmd("DEL").arg(key.as_str()).query_async::<i64>(&mut conn).await.map_err(unavailable)
+        };
+        let n = tokio::time::timeout(self.timeout, call).await.map_err(|_| StoreError::Timeout(self.timeout))??;
+        Ok(n > 0)
+    }
+
+    fn watch(&self, key: &RecordKey) -> Watch {
+        let poll = if self.subscribed.load(Ordering::Acquire) { POLL_SUBSCRIBED } else { POLL_UNSUBSCRIBED };
+        self.waiters.watch(key.as_str(), Some(poll))
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        let call = async {
+            let mut conn = self.pool.get().await.map_err(|e| StoreError::Unavailable(e.to_string()))?;
+            redis::cmd("PING").query_async::<String>(&mut conn).await.map_err(unavailable)
+        };
+        tokio::time::timeout(self.timeout, call).await.map_err(|_| StoreError::Timeout(self.timeout))??;
+        Ok(())
+    }
+}
+
+fn settled(n: i64) -> Result<Settled, StoreError> {
+    Ok(if n == 1 { Settled::Done } else { Settled::Lost })
+}
+
+fn protocol(what: &str) -> StoreError {
+    StoreError::Protocol(what.to_owned())
+}
+
+/// Reads a script's array reply front to back.
+struct Reply(std::vec::IntoIter<Value>);
+
+impl Reply {
+    fn array(v: Value) -> Result<Self, StoreError> {
+        match v {
+            Value::Array(items) => Ok(Self(items.into_iter())),
+            other => Err(protocol(&format!("expected an array, got {other:?}"))),
+        }
+    }
+
+    fn integer(v: Value) -> Result<i64, StoreError> {
+        match v {
+            Value::Int(n) => Ok(n),
+            other => Err(protocol(&format!("expected an integer, got {other:?}"))),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.len() == 0
+    }
+
+    fn tag(&mut self) -> Result<Vec<u8>, StoreError> {
+        self.bytes()
+    }
+
+    fn bytes(&mut self) -> Result<Vec<u8>, StoreError> {
+        match self.0.next() {
+            Some(Value::BulkString(b)) => Ok(b),
+            Some(Value::SimpleString(s)) => Ok(s.into_bytes()),
+            other => Err(protocol(&format!("expected a string, got {other:?}"))),
+        }
+    }
+
+    fn int(&mut self) -> Result<i64, StoreError> {
+        match self.0.next() {
+            Some(v) => Self::integer(v),
+            None => Err(protocol("reply too short")),
+        }
+    }
+}
+
+/// Keeps one subscription to the settle channel alive and wakes local waiters.
+async fn subscribe(client: redis::Client, channel: String, waiters: Arc<Waiters>, subscribed: Arc<AtomicBool>) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        match client.get_async_pubsub().await {
+            Ok(mut pubsub) => match pubsub.subscribe(&channel).await {
+                Ok(()) => {
+                    subscribed.store(true, Ordering::Release);
+                    backoff = Duration::from_millis(100);
+                    let mut messages = pubsub.on_message();
+                    while let Some(msg) = messages.next().await {
+                        if let Ok(key) = std::str::from_utf8(msg.get_payload_bytes()) {
+                            waiters.notify(key);
+                        }
+                    }
+                    subscribed.store(false, Ordering::Release);
+                    tracing::warn!(channel, "store notification subscription lost; waiters poll until it is back");
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot subscribe to store notifications"),
+            },
+            Err(e) => tracing::debug!(error = %e, "store unreachable for notifications"),
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
