@@ -26,11 +26,23 @@
 //! - [`metrics`]: Prometheus counters;
 //! - [`config`] and [`policy`]: `gateway.toml`, validated into runtime types.
 
+pub mod admin;
+pub mod body;
+pub mod capture;
 pub mod config;
+pub mod error;
+pub mod exchange;
 pub mod fingerprint;
+pub mod gateway;
 pub mod headers;
+pub mod idempotent;
 pub mod key;
+pub mod metrics;
 pub mod policy;
+pub mod proxy;
+pub mod replay;
 pub mod router;
 pub mod scope;
+pub mod server;
 pub mod store;
+pub mod upstream;

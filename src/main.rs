@@ -1,1 +1,121 @@
-fn main() {}
+//! The `idemgate` command: serve a config, or check one.
+//!
+//! This is the only place that reads the environment (the log filter, `RUST_LOG`).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use idemgate::config::Config;
+use idemgate::server::Server;
+use idemgate::upstream::Upstream;
+use tracing_subscriber::EnvFilter;
+
+/// An idempotency gateway: a reverse proxy that runs each keyed request upstream once.
+#[derive(Parser)]
+#[command(version, about)]
+struct Cli {
+    /// Path of the configuration file.
+    #[arg(long, short, global = true, default_value = "gateway.toml")]
+    config: PathBuf,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Validate the configuration and exit: 0 when valid, 1 with every problem listed.
+    Check,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Some(Command::Check) => check(&cli.config),
+        None => serve(&cli.config),
+    }
+}
+
+fn check(path: &std::path::Path) -> ExitCode {
+    let config = match Config::load(path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // Building the clients reads CA bundles, which validation alone does not parse.
+    for upstream in &config.upstreams {
+        if let Err(e) = Upstream::new(upstream) {
+            eprintln!("{}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+    }
+    let idempotent = config.routes.iter().filter(|r| r.idempotency.is_some()).count();
+    println!(
+        "{}: ok: routes {} ({} idempotent), upstreams {}",
+        path.display(),
+        config.routes.len(),
+        idempotent,
+        config.upstreams.len()
+    );
+    ExitCode::SUCCESS
+}
+
+fn serve(path: &std::path::Path) -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+        .init();
+    let config = match Config::load(path) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    runtime.block_on(async {
+        let server = match Server::bind(&config).await {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("{}: {e}", path.display());
+                return ExitCode::FAILURE;
+            }
+        };
+        tracing::info!(
+            listen = %server.local_addr(),
+            admin = ?server.admin_addr(),
+            store = server.gateway().store.kind(),
+            "idemgate serving"
+        );
+        server.run(shutdown_signal()).await;
+        ExitCode::SUCCESS
+    })
+}
+
+/// Completes on the first SIGTERM or SIGINT; a second one ends the process at once.
+async fn shutdown_signal() {
+    let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) else {
+        tracing::error!("cannot install the SIGTERM handler; stop with SIGKILL");
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    tracing::info!("signal received; send another to stop immediately");
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        tracing::warn!("second signal: exiting without draining");
+        std::process::exit(130);
+    });
+}

@@ -1,0 +1,243 @@
+//! Admin listener: health, readiness, metrics, and inspect/purge of one key.
+//!
+//! It listens on its own address so that it can be kept off the public network. The key
+//! endpoints can purge records (after which a retry would run again upstream), so they are
+//! off unless `server.admin_token` is set, and then require `Authorization: Bearer <token>`.
+//!
+//! ```text
+//! GET    /healthz                                 200 while the process runs
+//! GET    /readyz                                  200 when the store answers and not draining
+//! GET    /metrics                                 Prometheus text format
+//! GET    /keys?route=R&key=K[&scope=VALUE]        the record of key K (JSON)
+//! DELETE /keys?route=R&key=K[&scope=VALUE]        purge it
+//! ```
+//!
+//! `scope` is the raw value of the route's scope header (e.g. the caller's Authorization
+//! value); leave it out for the anonymous scope or a `global` route.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::body::{self, Body};
+use crate::error::admin_problem;
+use crate::gateway::Gateway;
+use crate::key;
+use crate::scope::{self, ScopeSource};
+use crate::store::{Entry, RecordKey, Store};
+
+/// The admin service's shared state.
+#[derive(Clone)]
+pub struct Admin {
+    gateway: Arc<Gateway>,
+    /// SHA-256 of the token: compared in constant time regardless of the token's length.
+    token_hash: Option<[u8; 32]>,
+}
+
+impl Admin {
+    /// An admin service; key endpoints are enabled only with a token.
+    pub fn new(gateway: Arc<Gateway>, token: Option<String>) -> Self {
+        Self { gateway, token_hash: token.map(|t| Sha256::digest(t.trim().as_bytes()).into()) }
+    }
+}
+
+/// Serves the admin listener until the process ends.
+pub async fn serve(listener: TcpListener, admin: Admin, draining: CancellationToken) {
+    let builder = auto::Builder::new(TokioExecutor::new());
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            continue;
+        };
+        let admin = admin.clone();
+        let draining = draining.clone();
+        let service = service_fn(move |request| {
+            let admin = admin.clone();
+            let draining = draining.clone();
+            async move { Ok::<_, Infallible>(handle(&admin, &draining, request).await) }
+        });
+        let conn = builder.serve_connection(TokioIo::new(stream), service).into_owned();
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+    }
+}
+
+async fn handle(admin: &Admin, draining: &CancellationToken, request: Request<Incoming>) -> Response<Body> {
+    let gw = &admin.gateway;
+    match (request.method(), request.uri().path()) {
+        (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
+        (&Method::GET, "/readyz") => {
+            if draining.is_cancelled() {
+                return text(StatusCode::SERVICE_UNAVAILABLE, "draining\n");
+            }
+            match gw.store.ping().await {
+                Ok(()) => text(StatusCode::OK, "ready\n"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "readiness check: store unavailable");
+                    text(StatusCode::SERVICE_UNAVAILABLE, "store unavailable\n")
+                }
+            }
+        }
+        (&Method::GET, "/metrics") => {
+            let mut r = Response::new(body::full(gw.metrics.encode()));
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+            );
+            r
+        }
+        (method @ (&Method::GET | &Method::DELETE), "/keys") => {
+            if let Some(denied) = authorize(admin, request.headers()) {
+                return denied;
+            }
+            let delete = method == Method::DELETE;
+            keys(gw, request.uri().query().unwrap_or(""), delete).await
+        }
+        _ => problem(gw, StatusCode::NOT_FOUND, "admin-not-found", "Not found", "No such admin endpoint."),
+    }
+}
+
+fn authorize(admin: &Admin, headers: &HeaderMap) -> Option<Response<Body>> {
+    let gw = &admin.gateway;
+    let Some(expected) = admin.token_hash else {
+        return Some(problem(
+            gw,
+            StatusCode::NOT_FOUND,
+            "admin-keys-disabled",
+            "Key endpoints disabled",
+            "Set server.admin_token to enable them.",
+        ));
+    };
+    let presented = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(|t| <[u8; 32]>::from(Sha256::digest(t.trim().as_bytes())));
+    let matches = presented.is_some_and(|p| p.iter().zip(expected.iter()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0);
+    if matches {
+        return None;
+    }
+    let mut r = problem(
+        gw,
+        StatusCode::UNAUTHORIZED,
+        "admin-unauthorized",
+        "Unauthorized",
+        "A valid bearer token is required.",
+    );
+    r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    Some(r)
+}
+
+async fn keys(gw: &Gateway, query: &str, delete: bool) -> Response<Body> {
+    let mut route_name = None;
+    let mut key_value = None;
+    let mut scope_value = None;
+    for (k, v) in form_urlencoded::parse(query.as_bytes()) {
+        match &*k {
+            "route" => route_name = Some(v.into_owned()),
+            "key" => key_value = Some(v.into_owned()),
+            "scope" => scope_value = Some(v.into_owned()),
+            _ => {}
+        }
+    }
+    let bad = |detail: &str| problem(gw, StatusCode::BAD_REQUEST, "admin-bad-request", "Bad request", detail);
+    let (Some(route_name), Some(key_value)) = (route_name, key_value) else {
+        return bad("Give route and key as query parameters.");
+    };
+    let Some((route, policy)) = gw.route(&route_name).and_then(|r| r.policy.as_ref().map(|p| (r, p))) else {
+        return bad("No idempotent route has that name.");
+    };
+    let Ok(key_header) = HeaderValue::from_str(&key_value) else {
+        return bad("The key holds characters a header cannot carry.");
+    };
+    let key = match key::extract(
+        &HeaderMap::from_iter([(policy.header.clone(), key_header)]),
+        &policy.header,
+        policy.max_key_len,
+    ) {
+        Ok(Some(k)) => k,
+        Ok(None) => return bad("Give a key."),
+        Err(e) => return bad(&e.to_string()),
+    };
+    let mut scope_headers = HeaderMap::new();
+    if let (ScopeSource::Header(name), Some(v)) = (&policy.scope, scope_value) {
+        match HeaderValue::from_str(&v) {
+            Ok(v) => {
+                scope_headers.insert(name.clone(), v);
+            }
+            Err(_) => return bad("The scope holds characters a header cannot carry."),
+        }
+    }
+    let scope = scope::derive(&policy.scope, &scope_headers);
+    let record = RecordKey::new(&gw.key_prefix, &route.name, &scope, &key);
+    let unavailable = |e: crate::store::StoreError| {
+        tracing::warn!(error = %e, "admin: store unavailable");
+        problem(
+            gw,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "store-unavailable",
+            "Idempotency store unavailable",
+            "The store did not answer.",
+        )
+    };
+    if delete {
+        return match gw.store.delete(&record).await {
+            Ok(deleted) => {
+                tracing::info!(route = %route.name, key = record.short(), deleted, "admin purge");
+                json_response(StatusCode::OK, &json!({ "deleted": deleted }))
+            }
+            Err(e) => unavailable(e),
+        };
+    }
+    match gw.store.get(&record).await {
+        Ok(None) => json_response(StatusCode::NOT_FOUND, &json!({ "state": "absent" })),
+        Ok(Some(Entry::InProgress { attempt, lease_left, expires_in })) => json_response(
+            StatusCode::OK,
+            &json!({
+                "state": "in_progress",
+                "attempt": attempt,
+                "lease_left_ms": lease_left.as_millis() as u64,
+                "expires_in_ms": expires_in.as_millis() as u64,
+            }),
+        ),
+        Ok(Some(Entry::Completed { attempt, status, body_len, expires_in })) => json_response(
+            StatusCode::OK,
+            &json!({
+                "state": "completed",
+                "attempt": attempt,
+                "status": status,
+                "body_bytes": body_len,
+                "expires_in_ms": expires_in.as_millis() as u64,
+            }),
+        ),
+        Err(e) => unavailable(e),
+    }
+}
+
+fn text(status: StatusCode, body: &'static str) -> Response<Body> {
+    let mut r = Response::new(body::full(body));
+    *r.status_mut() = status;
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    r
+}
+
+fn json_response(status: StatusCode, value: &serde_json::Value) -> Response<Body> {
+    let mut r = Response::new(body::full(value.to_string()));
+    *r.status_mut() = status;
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
+}
+
+fn problem(gw: &Gateway, status: StatusCode, slug: &str, title: &str, detail: &str) -> Response<Body> {
+    admin_problem(status, &gw.problem_base, slug, title, detail)
+}

@@ -1,0 +1,105 @@
+//! Bodies: one boxed body type for every response, and bounded reading of request bodies.
+//!
+//! An idempotent route must read the whole request body before it can fingerprint it, so the
+//! read is bounded: a declared Content-Length over the limit is refused before a byte is read,
+//! and a chunked body is cut off as soon as it passes the limit. Unbounded buffering would let
+//! one client exhaust the gateway's memory.
+
+use bytes::Bytes;
+use http::HeaderMap;
+use http_body_util::{BodyExt, Empty, Full, Limited, combinators::UnsyncBoxBody};
+use thiserror::Error;
+
+/// Errors of any body, boxed.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The body type of every response the gateway produces and every request it forwards.
+pub type Body = UnsyncBoxBody<Bytes, BoxError>;
+
+/// A body holding `bytes`.
+pub fn full(bytes: impl Into<Bytes>) -> Body {
+    Full::new(bytes.into()).map_err(|never| match never {}).boxed_unsync()
+}
+
+/// An empty body.
+pub fn empty() -> Body {
+    Empty::new().map_err(|never| match never {}).boxed_unsync()
+}
+
+/// Boxes any body whose errors convert into [`BoxError`].
+pub fn boxed<B>(body: B) -> Body
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    body.map_err(Into::into).boxed_unsync()
+}
+
+/// Why a request body could not be read.
+#[derive(Debug, Error)]
+pub enum BodyError {
+    /// The body is larger than the route accepts.
+    #[error("request body larger than {limit} bytes")]
+    TooLarge {
+        /// The route's limit.
+        limit: usize,
+    },
+    /// The client's connection failed mid-body.
+    #[error("cannot read request body: {0}")]
+    Read(BoxError),
+}
+
+/// Reads a whole request body of at most `limit` bytes.
+pub async fn read_bounded<B>(headers: &HeaderMap, body: B, limit: usize) -> Result<Bytes, BodyError>
+where
+    B: http_body::Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let declared =
+        headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(BodyError::TooLarge { limit });
+    }
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(BodyError::TooLarge { limit }),
+        Err(e) => Err(BodyError::Read(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::StreamBody;
+    use hyper::body::Frame;
+
+    fn chunked(chunks: &[&'static [u8]]) -> impl http_body::Body<Data = Bytes, Error = BoxError> {
+        let frames: Vec<Result<Frame<Bytes>, BoxError>> =
+            chunks.iter().map(|c| Ok(Frame::data(Bytes::from_static(c)))).collect();
+        StreamBody::new(futures_util::stream::iter(frames))
+    }
+
+    fn with_length(n: u64) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(http::header::CONTENT_LENGTH, n.into());
+        h
+    }
+
+    #[tokio::test]
+    async fn reads_bodies_up_to_the_limit() {
+        let b = read_bounded(&HeaderMap::new(), chunked(&[b"ab", b"cd"]), 4).await.unwrap();
+        assert_eq!(&b[..], b"abcd");
+    }
+
+    #[tokio::test]
+    async fn declared_length_over_the_limit_is_refused_unread() {
+        let err = read_bounded(&with_length(5), chunked(&[]), 4).await.unwrap_err();
+        assert!(matches!(err, BodyError::TooLarge { limit: 4 }));
+    }
+
+    #[tokio::test]
+    async fn streamed_bodies_are_cut_at_the_limit() {
+        let err = read_bounded(&HeaderMap::new(), chunked(&[b"abc", b"de"]), 4).await.unwrap_err();
+        assert!(matches!(err, BodyError::TooLarge { limit: 4 }));
+    }
+}

@@ -1,0 +1,271 @@
+//! Every error the proxy can answer with, and the ONE place that turns them into responses.
+//!
+//! Responses are `application/problem+json` (RFC 9457) with a `type` URI into the published
+//! error docs, a fixed `title` per kind and a `detail` in words. Internals (store addresses,
+//! upstream error chains) go to the log, never to the client.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode, header};
+use serde::Serialize;
+use thiserror::Error;
+
+use crate::body::{self, Body, BodyError};
+use crate::key::KeyError;
+use crate::store::StoreError;
+use crate::upstream::UpstreamError;
+
+/// Why a request was not served by the upstream or from the store.
+#[derive(Debug, Error)]
+pub enum GatewayError {
+    /// No route matches the method and path.
+    #[error("no route for {method} {path}")]
+    NoRoute {
+        /// Request method.
+        method: http::Method,
+        /// Request path.
+        path: String,
+    },
+    /// The idempotency key is missing or malformed.
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    /// The request body is too large or could not be read.
+    #[error(transparent)]
+    Body(#[from] BodyError),
+    /// The key was used before with a different request.
+    #[error("idempotency key reused with a different request")]
+    Mismatch,
+    /// The first request with this key is still running.
+    #[error("a request with this idempotency key is still in progress")]
+    InFlight {
+        /// Time left on the first request's lease.
+        retry_after: Duration,
+    },
+    /// The store failed and the route fails closed.
+    #[error("idempotency store unavailable: {0}")]
+    StoreUnavailable(StoreError),
+    /// The upstream could not be reached, failed, or timed out.
+    #[error(transparent)]
+    Upstream(#[from] UpstreamError),
+    /// Shutdown abandoned the exchange before the upstream answered; its key was released.
+    #[error("the gateway shut down before the upstream answered")]
+    ShuttingDown,
+    /// A bug: an exchange task panicked.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+/// The problem+json document.
+#[derive(Serialize)]
+struct Problem<'a> {
+    #[serde(rename = "type")]
+    kind: String,
+    title: &'a str,
+    status: u16,
+    detail: String,
+}
+
+impl GatewayError {
+    /// Short stable name, used as the anchor in the docs URI and as the metrics outcome.
+    pub fn slug(&self) -> &'static str {
+        match self {
+            Self::NoRoute { .. } => "no-route",
+            Self::Key(KeyError::Missing { .. }) => "key-missing",
+            Self::Key(_) => "key-malformed",
+            Self::Body(BodyError::TooLarge { .. }) => "body-too-large",
+            Self::Body(BodyError::Read(_)) => "body-unreadable",
+            Self::Mismatch => "key-reused",
+            Self::InFlight { .. } => "in-progress",
+            Self::StoreUnavailable(_) => "store-unavailable",
+            Self::Upstream(UpstreamError::Timeout { .. }) => "upstream-timeout",
+            Self::Upstream(_) => "upstream-unavailable",
+            Self::ShuttingDown => "shutting-down",
+            Self::Internal(_) => "internal",
+        }
+    }
+
+    fn status(&self) -> StatusCode {
+        match self {
+            Self::NoRoute { .. } => StatusCode::NOT_FOUND,
+            Self::Key(_) | Self::Body(BodyError::Read(_)) => StatusCode::BAD_REQUEST,
+            Self::Body(BodyError::TooLarge { .. }) => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::Mismatch => StatusCode::UNPROCESSABLE_ENTITY,
+            Self::InFlight { .. } => StatusCode::CONFLICT,
+            Self::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Upstream(UpstreamError::Timeout { .. }) => StatusCode::GATEWAY_TIMEOUT,
+            Self::Upstream(_) => StatusCode::BAD_GATEWAY,
+            Self::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn title(&self) -> &'static str {
+        match self {
+            Self::NoRoute { .. } => "No route",
+            Self::Key(KeyError::Missing { .. }) => "Idempotency key missing",
+            Self::Key(_) => "Idempotency key malformed",
+            Self::Body(BodyError::TooLarge { .. }) => "Request body too large",
+            Self::Body(BodyError::Read(_)) => "Request body unreadable",
+            Self::Mismatch => "Idempotency key reused",
+            Self::InFlight { .. } => "Request in progress",
+            Self::StoreUnavailable(_) => "Idempotency store unavailable",
+            Self::Upstream(UpstreamError::Timeout { .. }) => "Upstream timeout",
+            Self::Upstream(_) => "Upstream unavailable",
+            Self::ShuttingDown => "Gateway shutting down",
+            Self::Internal(_) => "Internal error",
+        }
+    }
+
+    /// What the client is told; written for the client, without internals.
+    fn detail(&self) -> String {
+        match self {
+            Self::NoRoute { method, path } => format!("No route is configured for {method} {path}."),
+            Self::Key(e) => format!("{}{}.", capitalise(&e.to_string()), key_hint(e)),
+            Self::Body(BodyError::TooLarge { limit }) => {
+                format!("This route accepts request bodies of at most {limit} bytes.")
+            }
+            Self::Body(BodyError::Read(_)) => "The request body could not be read.".into(),
+            Self::Mismatch => "This idempotency key was already used for a different request. \
+                Use a new key for a new request."
+                .into(),
+            Self::InFlight { .. } => "A request with this idempotency key is still being processed. \
+                Retry after the time given in Retry-After to receive its result."
+                .into(),
+            Self::StoreUnavailable(_) => "The request was not forwarded because its idempotency \
+                could not be guaranteed. Retry with the same key."
+                .into(),
+            Self::Upstream(UpstreamError::Timeout { .. }) => "The upstream service did not answer in time. \
+                Retrying with the same key is safe."
+                .into(),
+            Self::Upstream(_) => "The upstream service could not be reached or failed. \
+                Retrying with the same key is safe."
+                .into(),
+            Self::ShuttingDown => "The gateway shut down before the upstream answered; the request \
+                may or may not have been processed. Retry with the same key."
+                .into(),
+            Self::Internal(_) => "The gateway failed unexpectedly.".into(),
+        }
+    }
+
+    fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Self::InFlight { retry_after } => Some(*retry_after),
+            Self::StoreUnavailable(_) | Self::ShuttingDown => Some(Duration::from_secs(1)),
+            _ => None,
+        }
+    }
+}
+
+fn key_hint(e: &KeyError) -> &'static str {
+    match e {
+        KeyError::Missing { .. } | KeyError::Malformed { .. } => {
+            "; send a unique value per request, e.g. Idempotency-Key: \"8e03978e-40d5-43e8-bc93-6894a57f9324\""
+        }
+        _ => "",
+    }
+}
+
+fn capitalise(s: &str) -> String {
+    let mut chars = s.chars();
+    chars.next().map_or_else(String::new, |c| c.to_uppercase().chain(chars).collect())
+}
+
+/// Builds the problem+json response for `error`, with `type` = `problem_base` + slug.
+pub fn respond(error: &GatewayError, problem_base: &str) -> Response<Body> {
+    let status = error.status();
+    let problem = Problem {
+        kind: format!("{problem_base}{}", error.slug()),
+        title: error.title(),
+        status: status.as_u16(),
+        detail: error.detail(),
+    };
+    let mut response = problem_response(status, &problem);
+    if let Some(after) = error.retry_after() {
+        // Whole seconds, rounded up, at least 1: "Retry-After: 0" invites a hot loop.
+        let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
+    }
+    response
+}
+
+/// A problem+json response for the admin listener's own errors (401, 404, 400).
+pub fn admin_problem(status: StatusCode, problem_base: &str, slug: &str, title: &str, detail: &str) -> Response<Body> {
+    let problem =
+        Problem { kind: format!("{problem_base}{slug}"), title, status: status.as_u16(), detail: detail.into() };
+    problem_response(status, &problem)
+}
+
+fn problem_response(status: StatusCode, problem: &Problem<'_>) -> Response<Body> {
+    let json = serde_json::to_vec(problem).unwrap_or_else(|_| b"{}".to_vec());
+    let mut response = Response::new(body::full(Bytes::from(json)));
+    *response.status_mut() = status;
+    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    async fn json(r: Response<Body>) -> serde_json::Value {
+        let bytes = r.into_body().collect().await.unwrap().to_bytes();
+        serde_json::from_slice(&bytes).unwrap()
+    }
+
+    #[tokio::test]
+    async fn problem_documents_carry_type_title_status_detail() {
+        let r = respond(&GatewayError::Mismatch, "https://docs.example/errors#");
+        assert_eq!(r.status(), 422);
+        assert_eq!(r.headers()["content-type"], "application/problem+json");
+        let doc = json(r).await;
+        assert_eq!(doc["type"], "https://docs.example/errors#key-reused");
+        assert_eq!(doc["title"], "Idempotency key reused");
+        assert_eq!(doc["status"], 422);
+        assert!(doc["detail"].as_str().unwrap().contains("different request"));
+    }
+
+    #[test]
+    fn retry_after_is_whole_seconds_rounded_up() {
+        let r = respond(&GatewayError::InFlight { retry_after: Duration::from_millis(1200) }, "x:");
+        assert_eq!(r.headers()["retry-after"], "2");
+        let r = respond(&GatewayError::InFlight { retry_after: Duration::ZERO }, "x:");
+        assert_eq!(r.headers()["retry-after"], "1");
+        let r = respond(&GatewayError::StoreUnavailable(StoreError::Timeout(Duration::from_secs(1))), "x:");
+        assert_eq!(r.status(), 503);
+        assert_eq!(r.headers()["retry-after"], "1");
+    }
+
+    #[tokio::test]
+    async fn internals_do_not_leak() {
+        let e = GatewayError::StoreUnavailable(StoreError::Unavailable("redis://:secret@10.1.2.3".into()));
+        let doc = json(respond(&e, "x:")).await.to_string();
+        assert!(!doc.contains("secret") && !doc.contains("10.1.2.3"), "{doc}");
+        let e = GatewayError::Upstream(UpstreamError::Unreachable {
+            upstream: "orders".into(),
+            detail: "10.0.0.9:80 refused".into(),
+        });
+        let doc = json(respond(&e, "x:")).await.to_string();
+        assert!(!doc.contains("10.0.0.9"), "{doc}");
+    }
+
+    #[test]
+    fn statuses_per_kind() {
+        use http::HeaderName;
+        let h = HeaderName::from_static("idempotency-key");
+        let cases: Vec<(GatewayError, u16)> = vec![
+            (GatewayError::NoRoute { method: http::Method::GET, path: "/x".into() }, 404),
+            (KeyError::Missing { header: h.clone() }.into(), 400),
+            (KeyError::Empty { header: h }.into(), 400),
+            (BodyError::TooLarge { limit: 1 }.into(), 413),
+            (GatewayError::Mismatch, 422),
+            (GatewayError::InFlight { retry_after: Duration::ZERO }, 409),
+            (UpstreamError::Timeout { upstream: "u".into(), timeout: Duration::ZERO }.into(), 504),
+            (UpstreamError::Unreachable { upstream: "u".into(), detail: String::new() }.into(), 502),
+        ];
+        for (e, status) in cases {
+            assert_eq!(respond(&e, "x:").status().as_u16(), status, "{e}");
+        }
+    }
+}

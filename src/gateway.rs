@@ -1,0 +1,180 @@
+//! Gateway: the runtime built from a [`Config`], and the top of the request path.
+//!
+//! ```text
+//! client ─▶ listener ─▶ router ─▶ (route without idempotency) ─▶ proxy ─▶ upstream
+//!                         └─▶ idempotent::handle (key, scope, body, fingerprint, claim, ...)
+//! ```
+//!
+//! Whatever happens below, this is where the outcome is counted and an error becomes its
+//! problem+json response.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use http::{Request, Response};
+use hyper::body::Incoming;
+use thiserror::Error;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::body::{self, Body};
+use crate::config::Config;
+use crate::error::{self, GatewayError};
+use crate::idempotent;
+use crate::metrics::{Metrics, Outcome, RouteMetrics};
+use crate::policy::IdempotencyPolicy;
+use crate::proxy;
+use crate::router::{RouteSpec, Router, RouterError};
+use crate::store::{Backend, StoreError};
+use crate::upstream::{Upstream, UpstreamSetupError};
+
+/// Why a gateway could not be built from a valid config.
+#[derive(Debug, Error)]
+pub enum SetupError {
+    /// An upstream's TLS could not be set up.
+    #[error(transparent)]
+    Upstream(#[from] UpstreamSetupError),
+    /// The store could not be set up.
+    #[error("store: {0}")]
+    Store(#[from] StoreError),
+    /// The routes do not compile (validation should have caught this).
+    #[error("routes: {0}")]
+    Routes(#[from] RouterError),
+    /// A route names an upstream that does not exist (validation should have caught this).
+    #[error("route {route}: unknown upstream {upstream}")]
+    UnknownUpstream {
+        /// The route.
+        route: String,
+        /// The upstream it names.
+        upstream: String,
+    },
+}
+
+/// One route at run time.
+pub struct Route {
+    /// Route name.
+    pub name: String,
+    /// Where it forwards.
+    pub upstream: Arc<Upstream>,
+    /// Its idempotency policy; `None` for a plain proxy route.
+    pub policy: Option<Arc<IdempotencyPolicy>>,
+    /// Its counters.
+    pub metrics: RouteMetrics,
+}
+
+/// Everything the request path needs, shared by all connections.
+pub struct Gateway {
+    router: Router<Arc<Route>>,
+    routes: Vec<Arc<Route>>,
+    /// The record store.
+    pub store: Arc<Backend>,
+    /// Prefix of record key names.
+    pub key_prefix: String,
+    /// Prefix of problem+json `type` URIs.
+    pub problem_base: String,
+    /// The metrics registry.
+    pub metrics: Arc<Metrics>,
+    /// Detached upstream exchanges, so shutdown can wait for them.
+    pub exchanges: TaskTracker,
+    /// Cancelled when the shutdown grace period is over: exchanges still running release
+    /// their keys so that retries can proceed.
+    pub abandon: CancellationToken,
+}
+
+impl Gateway {
+    /// Builds upstream clients, the store and the route table. Must run inside a tokio runtime.
+    pub fn new(config: &Config) -> Result<Self, SetupError> {
+        let metrics = Arc::new(Metrics::default());
+        let mut upstreams = HashMap::new();
+        for u in &config.upstreams {
+            upstreams.insert(u.name.clone(), Arc::new(Upstream::new(u)?));
+        }
+        let mut routes = Vec::with_capacity(config.routes.len());
+        for r in &config.routes {
+            let upstream = upstreams
+                .get(&r.upstream)
+                .cloned()
+                .ok_or_else(|| SetupError::UnknownUpstream { route: r.name.clone(), upstream: r.upstream.clone() })?;
+            routes.push(Arc::new(Route {
+                name: r.name.clone(),
+                upstream,
+                policy: r.idempotency.clone(),
+                metrics: metrics.route(&r.name),
+            }));
+        }
+        let router = Router::new(config.routes.iter().zip(&routes).map(|(r, route)| RouteSpec {
+            name: &r.name,
+            pattern: &r.path,
+            methods: r.methods.as_deref(),
+            value: Arc::clone(route),
+        }))?;
+        Ok(Self {
+            router,
+            routes,
+            store: Arc::new(Backend::from_config(&config.store)?),
+            key_prefix: config.store.key_prefix.clone(),
+            problem_base: config.server.problem_base.clone(),
+            metrics,
+            exchanges: TaskTracker::new(),
+            abandon: CancellationToken::new(),
+        })
+    }
+
+    /// The route named `name`.
+    pub fn route(&self, name: &str) -> Option<&Arc<Route>> {
+        self.routes.iter().find(|r| r.name == name)
+    }
+
+    /// Serves one request.
+    pub async fn handle(&self, request: Request<Incoming>, client: SocketAddr) -> Response<Body> {
+        let Some(route) = self.router.find(request.method(), request.uri().path()) else {
+            self.metrics.unmatched();
+            let error =
+                GatewayError::NoRoute { method: request.method().clone(), path: request.uri().path().to_owned() };
+            return error::respond(&error, &self.problem_base);
+        };
+        let result = match &route.policy {
+            None => {
+                let request = request.map(body::boxed);
+                proxy::forward(&route.upstream, request, client.ip())
+                    .await
+                    .map(|r| (Outcome::PassedThrough, r))
+                    .map_err(Into::into)
+            }
+            Some(policy) => idempotent::handle(self, route, policy, request, client.ip()).await,
+        };
+        let (outcome, response) = match result {
+            Ok(served) => served,
+            Err(e) => {
+                log_error(route, &e);
+                (outcome_of(&e), error::respond(&e, &self.problem_base))
+            }
+        };
+        route.metrics.outcome(outcome);
+        response
+    }
+}
+
+fn outcome_of(e: &GatewayError) -> Outcome {
+    match e {
+        GatewayError::Key(_) | GatewayError::Body(_) | GatewayError::NoRoute { .. } => Outcome::Rejected,
+        GatewayError::Mismatch => Outcome::Mismatch,
+        GatewayError::InFlight { .. } => Outcome::InFlight,
+        GatewayError::StoreUnavailable(_) => Outcome::StoreUnavailable,
+        GatewayError::Upstream(_) | GatewayError::ShuttingDown => Outcome::UpstreamFailed,
+        GatewayError::Internal(_) => Outcome::Internal,
+    }
+}
+
+fn log_error(route: &Route, e: &GatewayError) {
+    match e {
+        GatewayError::Upstream(_)
+        | GatewayError::StoreUnavailable(_)
+        | GatewayError::ShuttingDown
+        | GatewayError::Internal(_) => {
+            tracing::warn!(route = %route.name, error = %e, "request failed");
+        }
+        _ => tracing::debug!(route = %route.name, error = %e, "request refused"),
+    }
+}

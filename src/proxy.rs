@@ -1,0 +1,32 @@
+//! Proxy: streaming pass-through for routes (or requests) without idempotency.
+//!
+//! Neither body is buffered: the request streams to the upstream and the response streams
+//! back, so large uploads and downloads cost the gateway no memory.
+
+use std::net::IpAddr;
+
+use http::{Request, Response};
+use hyper::body::Incoming;
+
+use crate::body::{self, Body};
+use crate::headers;
+use crate::upstream::{Upstream, UpstreamError};
+
+/// Forwards `request` to `upstream` and relays the response.
+pub async fn forward(
+    upstream: &Upstream,
+    request: Request<Body>,
+    client_ip: IpAddr,
+) -> Result<Response<Body>, UpstreamError> {
+    let (mut parts, body) = request.into_parts();
+    upstream.prepare(&mut parts, client_ip);
+    let response = upstream.send(Request::from_parts(parts, body)).await?;
+    Ok(relay(response))
+}
+
+/// The upstream's response as the client gets it: hop-by-hop headers removed.
+pub fn relay(response: Response<Incoming>) -> Response<Body> {
+    let (mut parts, incoming) = response.into_parts();
+    headers::strip_hop_by_hop(&mut parts.headers);
+    Response::from_parts(parts, body::boxed(incoming))
+}

@@ -1,0 +1,260 @@
+//! Configuration: the shipped file is valid, every bad value is named with its key, and
+//! `idemgate check` exits non-zero with the file, key and reason.
+
+use std::process::Command;
+use std::time::Duration;
+
+use idemgate::config::{Config, ConfigError, StoreBackendConfig};
+
+const MINIMAL: &str = r#"
+[server]
+listen = "127.0.0.1:8080"
+
+[store]
+backend = "memory"
+
+[upstreams.app]
+url = "http://127.0.0.1:3000"
+
+[[routes]]
+name = "create"
+methods = ["POST"]
+path = "/orders"
+upstream = "app"
+
+[routes.idempotency]
+"#;
+
+fn issues_of(text: &str) -> Vec<(String, String)> {
+    match Config::from_toml(text, "test.toml") {
+        Err(ConfigError::Invalid { file, issues }) => {
+            assert_eq!(file, "test.toml");
+            issues.into_iter().map(|i| (i.key, i.reason)).collect()
+        }
+        other => panic!("expected validation issues, got {other:?}"),
+    }
+}
+
+fn assert_issue(text: &str, key: &str, reason_part: &str) {
+    let issues = issues_of(text);
+    assert!(
+        issues.iter().any(|(k, r)| k == key && r.contains(reason_part)),
+        "no issue {key}: ...{reason_part}... in {issues:#?}"
+    );
+}
+
+#[test]
+fn the_shipped_gateway_toml_is_valid() {
+    let config = Config::load(std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/gateway.toml"))).unwrap();
+    let route = config.route("create-order").unwrap();
+    let policy = route.idempotency.as_ref().unwrap();
+    assert_eq!(policy.lease, Duration::from_secs(10));
+    assert_eq!(policy.retention, Duration::from_secs(24 * 3600));
+    assert_eq!(policy.max_request_body, 1 << 20);
+    assert!(matches!(config.store.backend, StoreBackendConfig::Redis { .. }));
+}
+
+#[test]
+fn defaults_apply_to_an_empty_idempotency_table() {
+    let config = Config::from_toml(MINIMAL, "t").unwrap();
+    let p = config.routes[0].idempotency.as_ref().unwrap();
+    assert!(p.required);
+    assert_eq!(p.header.as_str(), "idempotency-key");
+    assert_eq!(p.max_key_len, 255);
+    assert_eq!(p.wait, Duration::from_secs(5));
+    assert_eq!(p.lease, Duration::from_secs(10));
+    assert_eq!(p.max_stored_body, 1 << 20);
+    assert_eq!(p.replay_header.as_str(), "idempotent-replay");
+    assert!(p.store_statuses.contains(http::StatusCode::CREATED));
+    assert!(p.store_statuses.contains(http::StatusCode::UNPROCESSABLE_ENTITY));
+    assert!(!p.store_statuses.contains(http::StatusCode::BAD_GATEWAY));
+}
+
+#[test]
+fn unknown_keys_are_errors_naming_file_key_and_line() {
+    let text = MINIMAL.replace("[routes.idempotency]", "[routes.idempotency]\nleas = \"5s\"");
+    let err = Config::from_toml(&text, "gw.toml").unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.starts_with("gw.toml: routes[0].idempotency.leas: unknown field `leas`"), "{msg}");
+    assert!(msg.contains("(line 18, column 1)"), "{msg}");
+}
+
+#[test]
+fn wrongly_typed_values_name_their_key() {
+    let text = MINIMAL.replace("[routes.idempotency]", "[routes.idempotency]\nlease = 30");
+    let msg = Config::from_toml(&text, "gw.toml").unwrap_err().to_string();
+    assert!(msg.contains("routes[0].idempotency.lease") && msg.contains("duration"), "{msg}");
+    let text = MINIMAL.replace("[routes.idempotency]", "[routes.idempotency]\nmax_request_body = \"a lot\"");
+    let msg = Config::from_toml(&text, "gw.toml").unwrap_err().to_string();
+    assert!(msg.contains("routes[0].idempotency.max_request_body") && msg.contains("invalid size"), "{msg}");
+}
+
+#[test]
+fn toml_syntax_errors_are_reported_with_their_position() {
+    let msg = Config::from_toml("[server\nlisten = 1", "gw.toml").unwrap_err().to_string();
+    assert!(msg.starts_with("gw.toml: ") && msg.contains("line 1"), "{msg}");
+}
+
+#[test]
+fn every_bad_value_is_reported_at_once() {
+    let text = r#"
+[server]
+listen = "localhost"
+admin_listen = "127.0.0.1:99999"
+admin_token = "short"
+
+[store]
+backend = "redis"
+timeout = "0s"
+
+[upstreams.app]
+url = "ftp://files.example"
+
+[[routes]]
+name = "bad name"
+methods = ["post", "BREW COFFEE"]
+path = "/orders"
+upstream = "nowhere"
+
+[routes.idempotency]
+header = "Bad Header"
+max_key_len = 0
+scope = "user"
+ignore = ["client_ts"]
+fingerprint_headers = ["ok-header", "not ok"]
+lease = "0s"
+retention = "0s"
+store_statuses = ["2xx", "7xx", 99]
+max_request_body = "0B"
+max_stored_body = "2GiB"
+exclude_headers = ["x:y"]
+on_store_error = "fail-maybe"
+replay_header = ""
+"#;
+    let issues = issues_of(text);
+    for (key, part) in [
+        ("server.listen", "not an IP address with a port"),
+        ("server.admin_listen", "not an IP address with a port"),
+        ("server.admin_token", "at least 16"),
+        ("store.url", "required for the redis backend"),
+        ("store.timeout", "longer than 0"),
+        ("upstreams.app.url", "http:// or https://"),
+        ("routes[0].name", "A-Z a-z 0-9"),
+        ("routes[0].upstream", "not defined under [upstreams]"),
+        ("routes[0].methods", "\"post\" is not an HTTP method in upper case"),
+        ("routes[0].methods", "\"BREW COFFEE\""),
+        ("routes[0].idempotency.header", "not a valid header name"),
+        ("routes[0].idempotency.max_key_len", "between 1 and"),
+        ("routes[0].idempotency.scope", "neither \"global\" nor \"header:NAME\""),
+        ("routes[0].idempotency.ignore", "must start with '/'"),
+        ("routes[0].idempotency.fingerprint_headers", "\"not ok\""),
+        ("routes[0].idempotency.lease", "longer than 0"),
+        ("routes[0].idempotency.retention", "longer than 0"),
+        ("routes[0].idempotency.store_statuses", "\"7xx\""),
+        ("routes[0].idempotency.store_statuses", "\"99\""),
+        ("routes[0].idempotency.max_request_body", "larger than 0"),
+        ("routes[0].idempotency.max_stored_body", "at most 1GiB"),
+        ("routes[0].idempotency.exclude_headers", "\"x:y\""),
+        ("routes[0].idempotency.on_store_error", "\"fail-maybe\""),
+        ("routes[0].idempotency.replay_header", "not a valid header name"),
+    ] {
+        assert!(issues.iter().any(|(k, r)| k == key && r.contains(part)), "missing {key}: {part} in {issues:#?}");
+    }
+}
+
+#[test]
+fn backend_specific_keys_are_checked_against_the_backend() {
+    let text = MINIMAL.replace("backend = \"memory\"", "backend = \"memory\"\nurl = \"redis://x\"\npool_size = 3");
+    assert_issue(&text, "store.url", "redis backend only");
+    assert_issue(&text, "store.pool_size", "redis backend only");
+    let text =
+        MINIMAL.replace("backend = \"memory\"", "backend = \"redis\"\nurl = \"redis://127.0.0.1\"\nmax_entries = 5");
+    assert_issue(&text, "store.max_entries", "memory backend only");
+    let text = MINIMAL.replace("backend = \"memory\"", "backend = \"redis\"\nurl = \"http://127.0.0.1\"");
+    assert_issue(&text, "store.url", "not a usable Redis URL");
+    let text = MINIMAL.replace("backend = \"memory\"", "backend = \"etcd\"");
+    assert_issue(&text, "store.backend", "neither \"redis\" nor \"memory\"");
+}
+
+#[test]
+fn route_tables_that_cannot_work_are_rejected() {
+    let second = |extra: &str| format!("{MINIMAL}\n[[routes]]\n{extra}\nupstream = \"app\"\n");
+    assert_issue(&second("name = \"create\"\npath = \"/x\""), "routes[1].name", "used by an earlier route");
+    assert_issue(
+        &second("name = \"dup\"\nmethods = [\"POST\"]\npath = \"/orders\""),
+        "routes[1].path",
+        "both match POST /orders",
+    );
+    let conflict = format!(
+        "{MINIMAL}\n[[routes]]\nname = \"a\"\npath = \"/o/{{id}}\"\nupstream = \"app\"\n[[routes]]\nname = \"b\"\npath = \"/o/{{oid}}\"\nupstream = \"app\"\n"
+    );
+    assert_issue(&conflict, "routes[2].path", "invalid path pattern");
+    assert_issue(&second("name = \"rel\"\npath = \"orders\""), "routes[1].path", "must start with '/'");
+    let no_routes = MINIMAL.split("[[routes]]").next().unwrap();
+    assert_issue(no_routes, "routes", "no [[routes]]");
+    assert_issue(&MINIMAL.replace("methods = [\"POST\"]", "methods = []"), "routes[0].methods", "is empty");
+}
+
+#[test]
+fn upstream_urls_and_ca_files_are_checked() {
+    let with = |url: &str| MINIMAL.replace("url = \"http://127.0.0.1:3000\"", &format!("url = \"{url}\""));
+    assert_issue(&with("http://127.0.0.1:3000/?x=1"), "upstreams.app.url", "must not have a query");
+    assert_issue(&with("127.0.0.1:3000"), "upstreams.app.url", "http:// or https://");
+    let ca = MINIMAL.replace(
+        "url = \"http://127.0.0.1:3000\"",
+        "url = \"https://api.internal\"\nca_file = \"/nonexistent/ca.pem\"",
+    );
+    assert_issue(&ca, "upstreams.app.ca_file", "cannot read /nonexistent/ca.pem");
+    let plain_ca = MINIMAL.replace("url = \"http://127.0.0.1:3000\"", "url = \"http://x\"\nca_file = \"/etc/hosts\"");
+    assert_issue(&plain_ca, "upstreams.app.ca_file", "https:// upstreams only");
+}
+
+fn check(config_text: &str) -> (bool, String, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gw.toml");
+    std::fs::write(&path, config_text).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_idemgate")).args(["check", "--config"]).arg(&path).output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn check_command_accepts_a_valid_file() {
+    let (ok, stdout, stderr) = check(MINIMAL);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("ok"), "{stdout}");
+}
+
+#[test]
+fn check_command_rejects_an_invalid_file_naming_file_key_and_reason() {
+    let (ok, _stdout, stderr) =
+        check(&MINIMAL.replace("[routes.idempotency]", "[routes.idempotency]\nwait = \"soon\""));
+    assert!(!ok);
+    assert!(
+        stderr.contains("gw.toml")
+            && stderr.contains("routes[0].idempotency.wait")
+            && stderr.contains("invalid duration"),
+        "{stderr}"
+    );
+
+    let (ok, _stdout, stderr) = check(
+        &MINIMAL
+            .replace("scope = ", "x = ")
+            .replace("[routes.idempotency]", "[routes.idempotency]\nscope = \"everyone\""),
+    );
+    assert!(!ok);
+    assert!(stderr.contains("routes[0].idempotency.scope"), "{stderr}");
+}
+
+#[test]
+fn check_command_reports_a_missing_file() {
+    let out = Command::new(env!("CARGO_BIN_EXE_idemgate"))
+        .args(["check", "--config", "/nonexistent/gateway.toml"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/gateway.toml: cannot read"));
+}

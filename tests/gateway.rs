@@ -1,0 +1,661 @@
+//! The gateway end to end: a real client, the gateway on port 0, a counting upstream, and a
+//! private `redis-server` (or the memory store). Assertions are on what reached the upstream,
+//! not only on what the client saw.
+
+mod support;
+
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderValue, Method};
+use idemgate::fingerprint::Fingerprint;
+use idemgate::key;
+use idemgate::scope;
+use idemgate::store::{Claim, Entry, RecordKey, Store};
+use support::client::{Client, Reply};
+use support::gateway::{StoreKind, TestGateway, config};
+use support::redis::RedisServer;
+use support::upstream::{Behavior, TestUpstream};
+use tokio::io::AsyncWriteExt;
+
+const ORDER: &str = r#"{"sku":"A-1","quantity":2,"client_ts":"2026-11-30T10:00:00Z"}"#;
+
+/// The record key the gateway uses for `raw_key` sent by `auth` to route `orders`.
+fn record_key(gw: &TestGateway, raw_key: &str, auth: Option<&str>) -> RecordKey {
+    let route = gw.gateway.route("orders").unwrap();
+    let policy = route.policy.as_ref().unwrap();
+    let mut h = HeaderMap::new();
+    h.insert(policy.header.clone(), HeaderValue::from_str(raw_key).unwrap());
+    if let Some(a) = auth {
+        h.insert("authorization", HeaderValue::from_str(a).unwrap());
+    }
+    let k = key::extract(&h, &policy.header, policy.max_key_len).unwrap().unwrap();
+    RecordKey::new(&gw.gateway.key_prefix, "orders", &scope::derive(&policy.scope, &h), &k)
+}
+
+async fn setup(store: &StoreKind, policy: &str, behavior: Behavior) -> (TestUpstream, TestGateway, Client) {
+    let upstream = TestUpstream::with(behavior).await;
+    let gw = TestGateway::start(&config(store, upstream.addr, policy)).await;
+    let client = gw.client();
+    (upstream, gw, client)
+}
+
+fn slow(ms: u64) -> Behavior {
+    Behavior { delay: Duration::from_millis(ms), ..Behavior::default() }
+}
+
+// ---- scenarios on both backends --------------------------------------------------------
+
+async fn first_request_runs_once_and_retries_replay_it_byte_for_byte(store: StoreKind) {
+    let (upstream, _gw, client) = setup(&store, "", Behavior::default()).await;
+    let first = client.post_json("/orders", Some("\"order-1\""), ORDER).await;
+    assert_eq!(first.status, 201);
+    assert!(!first.is_replay());
+    assert_eq!(first.header("set-cookie"), Some("session=s1"), "the first client gets the upstream's answer whole");
+
+    for _ in 0..3 {
+        let again = client.post_json("/orders", Some("\"order-1\""), ORDER).await;
+        assert_eq!(again.status, 201);
+        assert_eq!(again.body, first.body, "byte-identical body");
+        assert!(again.is_replay(), "{:?}", again.headers);
+        assert_eq!(again.header("x-execution"), Some("1"));
+        assert_eq!(again.header("content-type"), Some("application/json"));
+        assert_eq!(again.header("set-cookie"), None, "cookies are never replayed");
+    }
+    assert_eq!(upstream.executions(), 1, "the upstream ran the request once");
+    // The bare-token form of the same key is the same key.
+    let bare = client.post_json("/orders", Some("order-1"), ORDER).await;
+    assert!(bare.is_replay());
+    assert_eq!(upstream.executions(), 1);
+}
+
+async fn changed_body_is_422_but_reordered_keys_and_ignored_fields_replay(store: StoreKind) {
+    let (upstream, _gw, client) = setup(&store, r#"ignore = ["/client_ts"]"#, Behavior::default()).await;
+    let first = client.post_json("/orders", Some("k"), ORDER).await;
+    assert_eq!(first.status, 201);
+
+    let reordered = r#"{ "client_ts": "2026-11-30T10:00:00Z", "quantity": 2, "sku": "A-1" }"#;
+    let r = client.post_json("/orders", Some("k"), reordered).await;
+    assert!(r.is_replay() && r.body == first.body, "reordered JSON keys are the same request");
+
+    let new_ts = r#"{"sku":"A-1","quantity":2,"client_ts":"2026-11-30T10:00:09Z"}"#;
+    let r = client.post_json("/orders", Some("k"), new_ts).await;
+    assert!(r.is_replay() && r.body == first.body, "an ignored field does not change the request");
+
+    let changed = r#"{"sku":"A-1","quantity":3,"client_ts":"2026-11-30T10:00:00Z"}"#;
+    let r = client.post_json("/orders", Some("k"), changed).await;
+    assert_eq!(r.status, 422);
+    assert_eq!(r.problem(), "key-reused");
+    assert_eq!(upstream.executions(), 1);
+}
+
+async fn malformed_keys_are_400_and_never_forwarded(store: StoreKind) {
+    let (upstream, _gw, client) = setup(&store, "max_key_len = 16", Behavior::default()).await;
+    let long = "a".repeat(17);
+    type Headers<'a> = Vec<(&'a str, &'a [u8])>;
+    let cases: Vec<(Headers, &str)> = vec![
+        (vec![], "key-missing"),
+        (vec![("idempotency-key", b"\"\"")], "key-malformed"),
+        (vec![("idempotency-key", long.as_bytes())], "key-malformed"),
+        (vec![("idempotency-key", "\"café\"".as_bytes())], "key-malformed"),
+        (vec![("idempotency-key", b"a"), ("idempotency-key", b"b")], "key-malformed"),
+        (vec![("idempotency-key", b"\"unterminated")], "key-malformed"),
+        (vec![("idempotency-key", b"two words")], "key-malformed"),
+    ];
+    for (headers, problem) in cases {
+        // Raw bytes: the test client's builder would refuse non-ASCII header values.
+        let reply = raw_post(client_addr(&client), "/orders", &headers, ORDER).await;
+        assert_eq!(reply.status, 400, "{headers:?}");
+        assert_eq!(reply.problem(), problem, "{headers:?}");
+        let doc = reply.json();
+        assert_eq!(doc["status"], 400);
+        assert!(doc["title"].is_string() && doc["detail"].is_string());
+    }
+    assert_eq!(upstream.executions(), 0);
+}
+
+async fn bodies_over_the_limit_are_413_before_anything_is_claimed(store: StoreKind) {
+    let (upstream, gw, client) = setup(&store, r#"max_request_body = "64B""#, Behavior::default()).await;
+    let big = format!(r#"{{"sku":"{}"}}"#, "x".repeat(100));
+    let r = client.post_json("/orders", Some("big"), &big).await;
+    assert_eq!(r.status, 413);
+    assert_eq!(r.problem(), "body-too-large");
+    // Chunked (no Content-Length): cut off while streaming.
+    let r = raw_chunked_post(gw.addr, "/orders", "big2", big.as_bytes()).await;
+    assert!(r.starts_with("HTTP/1.1 413"), "{r}");
+    assert_eq!(upstream.executions(), 0);
+    assert_eq!(gw.gateway.store.get(&record_key(&gw, "big", None)).await.unwrap(), None, "nothing claimed");
+    // The limit is inclusive of bodies that fit.
+    let r = client.post_json("/orders", Some("small"), r#"{"sku":"x"}"#).await;
+    assert_eq!(r.status, 201);
+}
+
+async fn fifty_concurrent_duplicates_run_once_and_get_identical_answers(store: StoreKind) {
+    let (upstream, _gw, client) = setup(&store, "", slow(300)).await;
+    let tasks: Vec<_> = (0..50)
+        .map(|_| {
+            let c = client.clone();
+            tokio::spawn(async move { c.post_json("/orders", Some("\"dup\""), ORDER).await })
+        })
+        .collect();
+    let mut replies = Vec::new();
+    for t in tasks {
+        replies.push(t.await.unwrap());
+    }
+    assert_eq!(upstream.executions(), 1, "exactly one execution upstream");
+    let first = &replies[0];
+    for r in &replies {
+        assert_eq!(r.status, 201);
+        assert_eq!(r.body, first.body, "every duplicate gets the same answer");
+    }
+    assert_eq!(replies.iter().filter(|r| !r.is_replay()).count(), 1, "one first response, 49 replays");
+}
+
+async fn two_hundred_distinct_keys_run_two_hundred_times(store: StoreKind) {
+    let (upstream, _gw, client) = setup(&store, "", slow(20)).await;
+    let tasks: Vec<_> = (0..200)
+        .map(|i| {
+            let c = client.clone();
+            tokio::spawn(async move { c.post_json("/orders", Some(&format!("k-{i}")), ORDER).await })
+        })
+        .collect();
+    for t in tasks {
+        assert_eq!(t.await.unwrap().status, 201);
+    }
+    assert_eq!(upstream.executions(), 200);
+    let by_key = upstream.executions_by_key();
+    assert_eq!(by_key.len(), 200);
+    assert!(by_key.values().all(|&n| n == 1));
+}
+
+async fn client_disconnect_mid_flight_still_stores_the_result(store: StoreKind) {
+    let (upstream, gw, client) = setup(&store, "", slow(400)).await;
+    // Send a whole request, then hang up before the upstream answers.
+    let mut raw = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    let req = format!(
+        "POST /orders HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nidempotency-key: \"gone\"\r\ncontent-length: {}\r\n\r\n{ORDER}",
+        ORDER.len()
+    );
+    raw.write_all(req.as_bytes()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    drop(raw);
+
+    // The exchange finishes without its client and stores the answer.
+    wait_for(|| async {
+        matches!(gw.gateway.store.get(&record_key(&gw, "\"gone\"", None)).await, Ok(Some(Entry::Completed { .. })))
+    })
+    .await;
+    let retry = client.post_json("/orders", Some("\"gone\""), ORDER).await;
+    assert_eq!(retry.status, 201);
+    assert!(retry.is_replay(), "the retry is answered from the store");
+    assert_eq!(upstream.executions(), 1);
+}
+
+async fn server_errors_release_the_key_and_the_retry_runs_again(store: StoreKind) {
+    let behavior = Behavior { statuses: [503, 500].into(), ..Behavior::default() };
+    let (upstream, gw, client) = setup(&store, "", behavior).await;
+    let r = client.post_json("/orders", Some("flaky"), ORDER).await;
+    assert_eq!(r.status, 503, "the upstream's own 5xx is passed through");
+    assert_eq!(gw.gateway.store.get(&record_key(&gw, "flaky", None)).await.unwrap(), None, "key released");
+    let r = client.post_json("/orders", Some("flaky"), ORDER).await;
+    assert_eq!(r.status, 500);
+    let ok = client.post_json("/orders", Some("flaky"), ORDER).await;
+    assert_eq!(ok.status, 201);
+    assert!(!ok.is_replay());
+    let replay = client.post_json("/orders", Some("flaky"), ORDER).await;
+    assert!(replay.is_replay() && replay.body == ok.body);
+    assert_eq!(upstream.executions(), 3, "two failures and one success; the success is stored once");
+}
+
+async fn client_errors_are_stored_and_replayed(store: StoreKind) {
+    let behavior = Behavior { statuses: [409].into(), ..Behavior::default() };
+    let (upstream, _gw, client) = setup(&store, "", behavior).await;
+    let first = client.post_json("/orders", Some("4xx"), ORDER).await;
+    assert_eq!(first.status, 409);
+    let again = client.post_json("/orders", Some("4xx"), ORDER).await;
+    assert_eq!((again.status.as_u16(), again.is_replay()), (409, true));
+    assert_eq!(upstream.executions(), 1);
+}
+
+async fn crashed_owner_is_taken_over_after_its_lease(store: StoreKind) {
+    let (upstream, gw, client) = setup(&store, r#"lease = "300ms""#, Behavior::default()).await;
+    // Simulate a gateway that claimed the key and died: its lease is never completed.
+    let key = record_key(&gw, "crash", None);
+    let body_fp = fingerprint_of(&gw, "crash", ORDER);
+    let claim =
+        gw.gateway.store.claim(&key, &body_fp, Duration::from_millis(300), Duration::from_secs(60)).await.unwrap();
+    let Claim::Acquired(dead) = claim else { panic!("expected to acquire, got {claim:?}") };
+    std::mem::forget(dead);
+
+    // The retry waits (wait = 5s by default) until the lease passes, then takes over.
+    let started = std::time::Instant::now();
+    let r = client.post_json("/orders", Some("crash"), ORDER).await;
+    assert_eq!(r.status, 201);
+    assert!(!r.is_replay());
+    assert!(started.elapsed() < Duration::from_secs(3), "taken over at lease expiry, not after the whole wait");
+    assert_eq!(upstream.executions(), 1);
+    match gw.gateway.store.get(&key).await.unwrap() {
+        Some(Entry::Completed { attempt: 2, .. }) => {}
+        other => panic!("expected a record completed by attempt 2, got {other:?}"),
+    }
+}
+
+async fn same_key_from_two_callers_is_two_records(store: StoreKind) {
+    let (upstream, _gw, client) = setup(&store, "", Behavior::default()).await;
+    let alice = client.post_json_as("/orders", Some("1"), Some("Bearer alice"), ORDER).await;
+    let bob = client.post_json_as("/orders", Some("1"), Some("Bearer bob"), r#"{"sku":"B","quantity":1}"#).await;
+    assert_eq!((alice.status.as_u16(), bob.status.as_u16()), (201, 201));
+    assert!(!bob.is_replay(), "bob never gets alice's order");
+    assert_ne!(alice.body, bob.body);
+    let anon = client.post_json_as("/orders", Some("1"), None, ORDER).await;
+    assert!(!anon.is_replay());
+    assert_eq!(upstream.executions(), 3);
+    let alice_again = client.post_json_as("/orders", Some("1"), Some("Bearer alice"), ORDER).await;
+    assert!(alice_again.is_replay() && alice_again.body == alice.body);
+    assert_eq!(upstream.executions(), 3);
+}
+
+async fn duplicate_in_flight_gets_409_after_the_wait_and_422_wins(store: StoreKind) {
+    let (upstream, _gw, client) = setup(&store, r#"wait = "100ms""#, slow(800)).await;
+    let c = client.clone();
+    let first = tokio::spawn(async move { c.post_json("/orders", Some("busy"), ORDER).await });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+
+    let started = std::time::Instant::now();
+    let dup = client.post_json("/orders", Some("busy"), ORDER).await;
+    assert_eq!(dup.status, 409);
+    assert_eq!(dup.problem(), "in-progress");
+    let retry_after: u64 = dup.header("retry-after").unwrap().parse().unwrap();
+    assert!((1..=10).contains(&retry_after));
+    assert!(started.elapsed() >= Duration::from_millis(100), "waited before answering 409");
+
+    let other = client.post_json("/orders", Some("busy"), r#"{"sku":"other"}"#).await;
+    assert_eq!(other.status, 422, "a different request under a running key is 422, not 409");
+
+    let first = first.await.unwrap();
+    assert_eq!(first.status, 201);
+    let after = client.post_json("/orders", Some("busy"), ORDER).await;
+    assert!(after.is_replay() && after.body == first.body);
+    assert_eq!(upstream.executions(), 1);
+}
+
+async fn oversized_responses_are_delivered_and_released(store: StoreKind) {
+    let behavior = Behavior { padding: 4000, ..Behavior::default() };
+    let (upstream, gw, client) = setup(&store, r#"max_stored_body = "1KiB""#, behavior).await;
+    let r = client.post_json("/orders", Some("huge"), ORDER).await;
+    assert_eq!(r.status, 201);
+    assert!(r.body.len() > 4000, "the whole body reached the client");
+    assert_eq!(r.json()["padding"].as_str().unwrap().len(), 4000);
+    assert_eq!(gw.gateway.store.get(&record_key(&gw, "huge", None)).await.unwrap(), None, "released");
+    let again = client.post_json("/orders", Some("huge"), ORDER).await;
+    assert!(!again.is_replay());
+    assert_eq!(upstream.executions(), 2);
+}
+
+async fn upstream_timeout_is_504_and_releases(store: StoreKind) {
+    let (upstream, gw, client) = setup(&store, "", slow(3500)).await;
+    let r = client.post_json("/orders", Some("slowpoke"), ORDER).await;
+    assert_eq!(r.status, 504);
+    assert_eq!(r.problem(), "upstream-timeout");
+    assert_eq!(gw.gateway.store.get(&record_key(&gw, "slowpoke", None)).await.unwrap(), None);
+    assert_eq!(upstream.executions(), 1);
+}
+
+async fn lease_is_renewed_while_the_upstream_is_slow(store: StoreKind) {
+    // The upstream takes four leases' time; duplicates arriving after the first lease would
+    // take the key over if the owner did not renew it.
+    for renew in [true, false] {
+        let policy = format!("lease = \"300ms\"\nwait = \"0s\"\nrenew = {renew}");
+        let (upstream, _gw, client) = setup(&store, &policy, slow(1200)).await;
+        let c = client.clone();
+        let first = tokio::spawn(async move { c.post_json("/orders", Some("slow"), ORDER).await });
+        let mut duplicates = Vec::new();
+        for _ in 0..2 {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let c = client.clone();
+            duplicates.push(tokio::spawn(async move { c.post_json("/orders", Some("slow"), ORDER).await }));
+        }
+        assert_eq!(first.await.unwrap().status, 201);
+        let mut statuses = Vec::new();
+        for d in duplicates {
+            statuses.push(d.await.unwrap().status.as_u16());
+        }
+        if renew {
+            assert_eq!(statuses, [409, 409], "renewed lease: duplicates see the first request in flight");
+            assert_eq!(upstream.executions(), 1);
+        } else {
+            assert_eq!(upstream.executions(), 3, "without renewal each expired lease is taken over");
+        }
+    }
+}
+
+async fn optional_key_absent_passes_through(store: StoreKind) {
+    let (upstream, _gw, client) = setup(&store, "required = false", Behavior::default()).await;
+    let a = client.post_json("/orders", None, ORDER).await;
+    let b = client.post_json("/orders", None, ORDER).await;
+    assert_eq!((a.status.as_u16(), b.status.as_u16()), (201, 201));
+    assert!(!a.is_replay() && !b.is_replay());
+    assert_eq!(upstream.executions(), 2);
+    let keyed = client.post_json("/orders", Some("k"), ORDER).await;
+    let again = client.post_json("/orders", Some("k"), ORDER).await;
+    assert!(!keyed.is_replay() && again.is_replay(), "a key present on an optional route is honoured");
+    assert_eq!(upstream.executions(), 3);
+}
+
+async fn forwarded_request_is_clean_and_keeps_the_key(store: StoreKind) {
+    let (upstream, gw, client) = setup(&store, "", Behavior::default()).await;
+    let r = client
+        .send(
+            Method::POST,
+            "/orders?b=2&a=1",
+            &[
+                ("content-type", "application/json"),
+                ("idempotency-key", "\"raw-key\""),
+                ("host", "shop.example"),
+                ("connection", "x-hop"),
+                ("x-hop", "secret"),
+                ("x-forwarded-for", "203.0.113.7"),
+                ("authorization", "Bearer abc"),
+            ],
+            ORDER,
+        )
+        .await;
+    assert_eq!(r.status, 201);
+    let seen = &upstream.seen()[0];
+    assert_eq!(seen.method, "POST");
+    assert_eq!(seen.path, "/orders?b=2&a=1");
+    assert_eq!(seen.body, ORDER.as_bytes());
+    assert_eq!(seen.headers["idempotency-key"], "\"raw-key\"", "forwarded unchanged for the upstream's constraint");
+    assert_eq!(seen.headers["authorization"], "Bearer abc");
+    assert!(seen.headers.get("x-hop").is_none(), "headers named in Connection are hop-by-hop");
+    assert_eq!(seen.headers["x-forwarded-for"], "203.0.113.7, 127.0.0.1");
+    assert_eq!(seen.headers["x-forwarded-proto"], "http");
+    assert_eq!(seen.headers["x-forwarded-host"], "shop.example");
+    assert_eq!(seen.headers["host"], upstream.addr.to_string().as_str());
+    drop(gw);
+}
+
+async fn pass_through_routes_stream_without_idempotency(store: StoreKind) {
+    let (upstream, _gw, client) = setup(&store, "", Behavior::default()).await;
+    let a = client.send(Method::PUT, "/anything/else", &[("idempotency-key", "k")], "one").await;
+    let b = client.send(Method::PUT, "/anything/else", &[("idempotency-key", "k")], "one").await;
+    assert_eq!((a.status.as_u16(), b.status.as_u16()), (201, 201));
+    assert!(!b.is_replay());
+    assert_eq!(a.header("set-cookie"), Some("session=s1"));
+    assert_eq!(upstream.executions(), 2);
+}
+
+async fn http2_clients_are_served(store: StoreKind) {
+    let (upstream, gw, _client) = setup(&store, "", Behavior::default()).await;
+    let h2 = Client::h2(gw.addr);
+    let first = h2.post_json("/orders", Some("h2"), ORDER).await;
+    let again = h2.post_json("/orders", Some("h2"), ORDER).await;
+    assert_eq!(first.status, 201);
+    assert!(again.is_replay() && again.body == first.body);
+    assert_eq!(upstream.executions(), 1);
+    assert_eq!(upstream.seen()[0].headers["x-forwarded-host"], gw.addr.to_string().as_str());
+}
+
+async fn unknown_routes_are_404_problems(store: StoreKind) {
+    let (upstream, _gw, client) = setup(&store, "", Behavior::default()).await;
+    let r = client.get("/orders", &[]).await;
+    assert_eq!(r.status, 201, "GET /orders falls to the catch-all pass-through route");
+    let gw2 = TestGateway::start(
+        &config(&store, upstream.addr, "").replace("path = \"/{*rest}\"", "path = \"/api/{*rest}\""),
+    )
+    .await;
+    let r = gw2.client().get("/nope", &[]).await;
+    assert_eq!(r.status, 404);
+    assert_eq!(r.problem(), "no-route");
+    assert_eq!(upstream.executions(), 1);
+}
+
+async fn admin_reports_health_readiness_metrics_and_keys(store: StoreKind) {
+    let (_upstream, gw, client) = setup(&store, "", Behavior::default()).await;
+    let admin = gw.admin_client();
+    assert_eq!(admin.get("/healthz", &[]).await.status, 200);
+    assert_eq!(admin.get("/readyz", &[]).await.status, 200);
+    client.post_json("/orders", Some("m"), ORDER).await;
+    client.post_json("/orders", Some("m"), ORDER).await;
+    let metrics = String::from_utf8(admin.get("/metrics", &[]).await.body.to_vec()).unwrap();
+    assert!(metrics.contains(r#"idemgate_requests_total{route="orders",outcome="executed"} 1"#), "{metrics}");
+    assert!(metrics.contains(r#"idemgate_requests_total{route="orders",outcome="replayed"} 1"#), "{metrics}");
+
+    let path = "/keys?route=orders&key=m";
+    assert_eq!(admin.get(path, &[]).await.status, 401);
+    assert_eq!(admin.get(path, &[("authorization", "Bearer wrong-token-wrong-token")]).await.status, 401);
+    let auth = [("authorization", "Bearer test-admin-token-0123456789")];
+    let r = admin.get(path, &auth).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["state"], "completed");
+    assert_eq!(r.json()["status"], 201);
+    let r = admin.send(Method::DELETE, path, &auth, "").await;
+    assert_eq!(r.json()["deleted"], true);
+    assert_eq!(admin.get(path, &auth).await.status, 404);
+    let again = client.post_json("/orders", Some("m"), ORDER).await;
+    assert!(!again.is_replay(), "a purged key runs again");
+}
+
+// ---- instantiation ---------------------------------------------------------------------
+
+macro_rules! on_both_backends {
+    ($($scenario:ident),* $(,)?) => {
+        mod redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $scenario() {
+                    super::$scenario(super::StoreKind::Redis(super::RedisServer::shared().url())).await;
+                }
+            )*
+        }
+        mod memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $scenario() {
+                    super::$scenario(super::StoreKind::Memory).await;
+                }
+            )*
+        }
+    };
+}
+
+on_both_backends!(
+    first_request_runs_once_and_retries_replay_it_byte_for_byte,
+    changed_body_is_422_but_reordered_keys_and_ignored_fields_replay,
+    malformed_keys_are_400_and_never_forwarded,
+    bodies_over_the_limit_are_413_before_anything_is_claimed,
+    fifty_concurrent_duplicates_run_once_and_get_identical_answers,
+    two_hundred_distinct_keys_run_two_hundred_times,
+    client_disconnect_mid_flight_still_stores_the_result,
+    server_errors_release_the_key_and_the_retry_runs_again,
+    client_errors_are_stored_and_replayed,
+    crashed_owner_is_taken_over_after_its_lease,
+    same_key_from_two_callers_is_two_records,
+    duplicate_in_flight_gets_409_after_the_wait_and_422_wins,
+    oversized_responses_are_delivered_and_released,
+    upstream_timeout_is_504_and_releases,
+    lease_is_renewed_while_the_upstream_is_slow,
+    optional_key_absent_passes_through,
+    forwarded_request_is_clean_and_keeps_the_key,
+    pass_through_routes_stream_without_idempotency,
+    http2_clients_are_served,
+    unknown_routes_are_404_problems,
+    admin_reports_health_readiness_metrics_and_keys,
+);
+
+// ---- Redis only ------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_down_fails_closed_or_open_per_route_and_recovers() {
+    let redis = RedisServer::start();
+    let store = StoreKind::Redis(redis.url());
+    let (upstream, gw, client) = setup(&store, "", Behavior::default()).await;
+    assert_eq!(client.post_json("/orders", Some("before"), ORDER).await.status, 201);
+    redis.stop();
+
+    let closed = client.post_json("/orders", Some("down-1"), ORDER).await;
+    assert_eq!(closed.status, 503);
+    assert_eq!(closed.problem(), "store-unavailable");
+    assert!(closed.header("retry-after").is_some());
+    assert_eq!(upstream.executions(), 1, "fail-closed forwards nothing");
+
+    let open = client.post_json("/open-orders", Some("down-2"), ORDER).await;
+    assert_eq!(open.status, 201);
+    assert_eq!(open.header("idempotency-status"), Some("bypassed"));
+    assert_eq!(upstream.executions(), 2, "fail-open forwards");
+    assert_eq!(upstream.seen()[1].headers["idempotency-key"], "down-2", "with the key, for the upstream's constraint");
+    assert_eq!(gw.admin_client().get("/readyz", &[]).await.status, 503);
+
+    redis.restart();
+    wait_for(|| async { client.post_json("/orders", Some("after"), ORDER).await.status == 201 }).await;
+    assert!(client.post_json("/orders", Some("after"), ORDER).await.is_replay(), "service resumed without a restart");
+    assert_eq!(gw.admin_client().get("/readyz", &[]).await.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_upstream_is_502_and_releases() {
+    let store = StoreKind::Redis(RedisServer::shared().url());
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let gw = TestGateway::start(&config(&store, dead, "")).await;
+    let r = gw.client().post_json("/orders", Some("nowhere"), ORDER).await;
+    assert_eq!(r.status, 502);
+    assert_eq!(r.problem(), "upstream-unavailable");
+    assert_eq!(gw.gateway.store.get(&record_key(&gw, "nowhere", None)).await.unwrap(), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn duplicates_across_two_gateways_on_one_redis_run_once() {
+    let redis_url = RedisServer::shared().url();
+    let upstream = TestUpstream::with(slow(300)).await;
+    let toml = config(&StoreKind::Redis(redis_url), upstream.addr, "");
+    let a = TestGateway::start(&toml).await;
+    let b = TestGateway::start(&toml).await;
+    let tasks: Vec<_> = (0..20)
+        .map(|i| {
+            let c = if i % 2 == 0 { a.client() } else { b.client() };
+            tokio::spawn(async move { c.post_json("/orders", Some("shared"), ORDER).await })
+        })
+        .collect();
+    let mut bodies = Vec::new();
+    for t in tasks {
+        let r = t.await.unwrap();
+        assert_eq!(r.status, 201);
+        bodies.push(r.body);
+    }
+    assert_eq!(upstream.executions(), 1);
+    assert!(bodies.iter().all(|b| *b == bodies[0]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_are_woken_by_the_store_not_by_polling() {
+    let redis = RedisServer::shared();
+    let (upstream, _gw, client) = setup(&StoreKind::Redis(redis.url()), "", slow(600)).await;
+    let c = client.clone();
+    let first = tokio::spawn(async move { c.post_json("/orders", Some("woken"), ORDER).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let calls_before = evalsha_calls(redis);
+    let started = std::time::Instant::now();
+    let dup = client.post_json("/orders", Some("woken"), ORDER).await;
+    let waited = started.elapsed();
+    let calls = evalsha_calls(redis) - calls_before;
+    assert!(dup.is_replay());
+    assert!(waited < Duration::from_millis(900), "woken when the first finished ({waited:?})");
+    // One claim, one re-claim after registering, one after the wake, and the owner's complete.
+    assert!(calls <= 5, "{calls} script calls for one waiting duplicate");
+    first.await.unwrap();
+    assert_eq!(upstream.executions(), 1);
+}
+
+// ---- helpers ---------------------------------------------------------------------------
+
+fn client_addr(client: &Client) -> std::net::SocketAddr {
+    client.addr()
+}
+
+fn fingerprint_of(gw: &TestGateway, raw_key: &str, body: &str) -> Fingerprint {
+    let route = gw.gateway.route("orders").unwrap();
+    let policy = route.policy.as_ref().unwrap();
+    let req = http::Request::builder()
+        .method("POST")
+        .uri("/orders")
+        .header("content-type", "application/json")
+        .header("idempotency-key", raw_key)
+        .body(())
+        .unwrap();
+    idemgate::fingerprint::compute("orders", &policy.fingerprint, &req.into_parts().0, body.as_bytes())
+}
+
+fn evalsha_calls(redis: &RedisServer) -> u64 {
+    let info: String = ::redis::cmd("INFO").arg("commandstats").query(&mut redis.connection()).unwrap();
+    info.lines()
+        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .and_then(|l| l.split("calls=").nth(1))
+        .and_then(|l| l.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+async fn wait_for<F, Fut>(mut ok: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !ok().await {
+        assert!(std::time::Instant::now() < deadline, "condition not met within 10s");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// Sends a POST with raw header bytes and reads the whole response.
+async fn raw_post(addr: std::net::SocketAddr, path: &str, headers: &[(&str, &[u8])], body: &str) -> Reply {
+    let mut req = format!("POST {path} HTTP/1.1\r\nhost: t\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n", body.len()).into_bytes();
+    for (k, v) in headers {
+        req.extend_from_slice(k.as_bytes());
+        req.extend_from_slice(b": ");
+        req.extend_from_slice(v);
+        req.extend_from_slice(b"\r\n");
+    }
+    req.extend_from_slice(b"\r\n");
+    req.extend_from_slice(body.as_bytes());
+    parse_response(&exchange_raw(addr, &req).await)
+}
+
+async fn raw_chunked_post(addr: std::net::SocketAddr, path: &str, key: &str, body: &[u8]) -> String {
+    let mut req = format!(
+        "POST {path} HTTP/1.1\r\nhost: t\r\nconnection: close\r\ncontent-type: application/json\r\nidempotency-key: {key}\r\ntransfer-encoding: chunked\r\n\r\n"
+    )
+    .into_bytes();
+    for chunk in body.chunks(16) {
+        req.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
+        req.extend_from_slice(chunk);
+        req.extend_from_slice(b"\r\n");
+    }
+    req.extend_from_slice(b"0\r\n\r\n");
+    String::from_utf8_lossy(&exchange_raw(addr, &req).await).into_owned()
+}
+
+async fn exchange_raw(addr: std::net::SocketAddr, request: &[u8]) -> Vec<u8> {
+    use tokio::io::AsyncReadExt;
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(request).await.unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).await.unwrap();
+    out
+}
+
+fn parse_response(raw: &[u8]) -> Reply {
+    let text = String::from_utf8_lossy(raw);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let mut lines = head.lines();
+    let status = lines.next().unwrap().split(' ').nth(1).unwrap().parse::<u16>().unwrap();
+    let mut headers = HeaderMap::new();
+    for line in lines {
+        if let Some((k, v)) = line.split_once(':') {
+            headers.append(
+                http::HeaderName::from_bytes(k.trim().as_bytes()).unwrap(),
+                HeaderValue::from_str(v.trim()).unwrap(),
+            );
+        }
+    }
+    Reply { status: http::StatusCode::from_u16(status).unwrap(), headers, body: bytes::Bytes::from(body.to_owned()) }
+}

@@ -1,0 +1,324 @@
+//! One conformance suite for every store backend.
+//!
+//! Each scenario is written once against the `Store` trait and instantiated for the memory
+//! store and for Redis (a private `redis-server`). Time-dependent scenarios use short real
+//! durations because Redis keeps its own clock.
+
+mod support;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, StatusCode};
+use idemgate::fingerprint::Fingerprint;
+use idemgate::key;
+use idemgate::scope::{self, ScopeSource};
+use idemgate::store::{
+    Backend, Claim, Entry, MemoryStore, RecordKey, RedisStore, Renewal, Settled, Store, StoredResponse,
+};
+use support::redis::RedisServer;
+
+const LEASE: Duration = Duration::from_millis(300);
+const TTL: Duration = Duration::from_secs(60);
+const RETENTION: Duration = Duration::from_secs(60);
+
+fn fp(n: u8) -> Fingerprint {
+    Fingerprint::from_bytes([n; 32])
+}
+
+/// A fresh record key; `prefix` keeps tests sharing one Redis apart.
+fn record(prefix: &str, name: &str) -> RecordKey {
+    let mut h = HeaderMap::new();
+    h.insert("idempotency-key", HeaderValue::from_str(name).unwrap());
+    let k = key::extract(&h, &http::HeaderName::from_static("idempotency-key"), 255).unwrap().unwrap();
+    RecordKey::new(prefix, "orders", &scope::derive(&ScopeSource::Global, &HeaderMap::new()), &k)
+}
+
+fn response(body: &'static [u8]) -> StoredResponse {
+    let mut headers = HeaderMap::new();
+    headers.insert("content-type", HeaderValue::from_static("application/json"));
+    headers.append("x-multi", HeaderValue::from_static("1"));
+    headers.append("x-multi", HeaderValue::from_static("2"));
+    StoredResponse { status: StatusCode::CREATED, headers, body: Bytes::from_static(body) }
+}
+
+async fn acquire(
+    store: &Backend,
+    key: &RecordKey,
+    fingerprint: Fingerprint,
+    lease: Duration,
+) -> idemgate::store::Lease {
+    match store.claim(key, &fingerprint, lease, TTL).await.unwrap() {
+        Claim::Acquired(lease) => lease,
+        other => panic!("expected Acquired, got {other:?}"),
+    }
+}
+
+async fn claim(store: &Backend, key: &RecordKey, fingerprint: Fingerprint) -> Claim {
+    store.claim(key, &fingerprint, LEASE, TTL).await.unwrap()
+}
+
+// ---- scenarios -------------------------------------------------------------------------
+
+async fn absent_key_is_acquired_as_attempt_one(store: Backend, p: String) {
+    let lease = acquire(&store, &record(&p, "a"), fp(1), LEASE).await;
+    assert_eq!(lease.attempt(), 1);
+}
+
+async fn live_claim_reports_in_flight_with_lease_left(store: Backend, p: String) {
+    let k = record(&p, "a");
+    let _lease = acquire(&store, &k, fp(1), LEASE).await;
+    match claim(&store, &k, fp(1)).await {
+        Claim::InFlight { lease_left } => assert!(lease_left <= LEASE && lease_left > Duration::ZERO, "{lease_left:?}"),
+        other => panic!("expected InFlight, got {other:?}"),
+    }
+}
+
+async fn different_fingerprint_is_mismatch_while_in_flight_and_after(store: Backend, p: String) {
+    let k = record(&p, "a");
+    let lease = acquire(&store, &k, fp(1), LEASE).await;
+    assert!(matches!(claim(&store, &k, fp(2)).await, Claim::Mismatch));
+    assert_eq!(store.complete(lease, &response(b"{}"), RETENTION).await.unwrap(), Settled::Done);
+    assert!(matches!(claim(&store, &k, fp(2)).await, Claim::Mismatch));
+}
+
+async fn completed_response_is_replayed_exactly(store: Backend, p: String) {
+    let k = record(&p, "a");
+    let lease = acquire(&store, &k, fp(1), LEASE).await;
+    let body: &'static [u8] = b"{\"order_id\":7}\x00\xff\r\n binary";
+    assert_eq!(store.complete(lease, &response(body), RETENTION).await.unwrap(), Settled::Done);
+    for _ in 0..2 {
+        match claim(&store, &k, fp(1)).await {
+            Claim::Completed(r) => assert_eq!(r, response(body)),
+            other => panic!("expected Completed, got {other:?}"),
+        }
+    }
+}
+
+async fn release_makes_the_key_absent_again(store: Backend, p: String) {
+    let k = record(&p, "a");
+    let lease = acquire(&store, &k, fp(1), LEASE).await;
+    assert_eq!(store.release(lease).await.unwrap(), Settled::Done);
+    assert_eq!(store.get(&k).await.unwrap(), None);
+    let again = acquire(&store, &k, fp(2), LEASE).await;
+    assert_eq!(again.attempt(), 1, "a released key starts over, even with another fingerprint");
+}
+
+async fn expired_lease_is_taken_over_and_the_stale_owner_is_locked_out(store: Backend, p: String) {
+    let k = record(&p, "a");
+    let stale = acquire(&store, &k, fp(1), Duration::from_millis(100)).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let fresh = acquire(&store, &k, fp(1), LEASE).await;
+    assert_eq!(fresh.attempt(), 2);
+    // The stale owner can no longer touch the record.
+    assert_eq!(store.renew(&stale).await.unwrap(), Renewal::Lost);
+    assert_eq!(store.complete(stale, &response(b"stale"), RETENTION).await.unwrap(), Settled::Lost);
+    assert!(matches!(claim(&store, &k, fp(1)).await, Claim::InFlight { .. }), "the fresh claim still holds");
+    assert_eq!(store.complete(fresh, &response(b"fresh"), RETENTION).await.unwrap(), Settled::Done);
+    match claim(&store, &k, fp(1)).await {
+        Claim::Completed(r) => assert_eq!(r.body, Bytes::from_static(b"fresh")),
+        other => panic!("expected Completed, got {other:?}"),
+    }
+}
+
+async fn stale_owner_cannot_release_the_new_claim(store: Backend, p: String) {
+    let k = record(&p, "a");
+    let stale = acquire(&store, &k, fp(1), Duration::from_millis(100)).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let _fresh = acquire(&store, &k, fp(1), LEASE).await;
+    assert_eq!(store.release(stale).await.unwrap(), Settled::Lost);
+    assert!(matches!(claim(&store, &k, fp(1)).await, Claim::InFlight { .. }));
+}
+
+async fn renewal_keeps_a_claim_past_its_original_lease(store: Backend, p: String) {
+    let k = record(&p, "a");
+    let lease = acquire(&store, &k, fp(1), Duration::from_millis(300)).await;
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert_eq!(store.renew(&lease).await.unwrap(), Renewal::Renewed);
+    }
+    // 450ms after the claim, well past the 300ms lease: still held thanks to renewal.
+    assert!(matches!(claim(&store, &k, fp(1)).await, Claim::InFlight { .. }));
+}
+
+async fn retention_expires_completed_records(store: Backend, p: String) {
+    let k = record(&p, "a");
+    let lease = acquire(&store, &k, fp(1), LEASE).await;
+    store.complete(lease, &response(b"{}"), Duration::from_millis(150)).await.unwrap();
+    assert!(matches!(claim(&store, &k, fp(1)).await, Claim::Completed(_)));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(store.get(&k).await.unwrap(), None);
+    assert_eq!(acquire(&store, &k, fp(2), LEASE).await.attempt(), 1);
+}
+
+async fn open_claims_expire_with_their_ttl(store: Backend, p: String) {
+    let k = record(&p, "a");
+    let lease = store.claim(&k, &fp(1), Duration::from_millis(100), Duration::from_millis(200)).await.unwrap();
+    assert!(matches!(lease, Claim::Acquired(_)));
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    assert_eq!(store.get(&k).await.unwrap(), None, "a crashed claim does not block the key forever");
+}
+
+async fn get_describes_records_and_delete_purges_them(store: Backend, p: String) {
+    let k = record(&p, "a");
+    assert_eq!(store.get(&k).await.unwrap(), None);
+    let lease = acquire(&store, &k, fp(1), LEASE).await;
+    match store.get(&k).await.unwrap() {
+        Some(Entry::InProgress { attempt: 1, lease_left, expires_in }) => {
+            assert!(lease_left > Duration::ZERO && lease_left <= LEASE);
+            assert!(expires_in > LEASE);
+        }
+        other => panic!("expected InProgress, got {other:?}"),
+    }
+    store.complete(lease, &response(b"12345"), RETENTION).await.unwrap();
+    match store.get(&k).await.unwrap() {
+        Some(Entry::Completed { attempt: 1, status: 201, body_len: 5, expires_in }) => assert!(expires_in <= RETENTION),
+        other => panic!("expected Completed, got {other:?}"),
+    }
+    assert!(store.delete(&k).await.unwrap());
+    assert!(!store.delete(&k).await.unwrap());
+    assert_eq!(store.get(&k).await.unwrap(), None);
+}
+
+async fn purged_claim_cannot_be_completed(store: Backend, p: String) {
+    let k = record(&p, "a");
+    let lease = acquire(&store, &k, fp(1), LEASE).await;
+    store.delete(&k).await.unwrap();
+    assert_eq!(store.renew(&lease).await.unwrap(), Renewal::Lost);
+    assert_eq!(store.complete(lease, &response(b"{}"), RETENTION).await.unwrap(), Settled::Lost);
+    assert_eq!(store.get(&k).await.unwrap(), None);
+}
+
+async fn watch_fires_on_complete_and_release_of_its_key_only(store: Backend, p: String) {
+    let far = || tokio::time::Instant::now() + Duration::from_secs(5);
+    for complete in [true, false] {
+        let k = record(&p, if complete { "c" } else { "r" });
+        let lease = acquire(&store, &k, fp(1), Duration::from_secs(10)).await;
+        // A waiter flags the record so that the Redis owner publishes on settle.
+        assert!(matches!(claim(&store, &k, fp(1)).await, Claim::InFlight { .. }));
+        let watch = store.watch(&k);
+        let started = tokio::time::Instant::now();
+        let waiter = tokio::spawn(async move { watch.changed(far()).await });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        if complete {
+            store.complete(lease, &response(b"{}"), RETENTION).await.unwrap();
+        } else {
+            store.release(lease).await.unwrap();
+        }
+        waiter.await.unwrap();
+        assert!(started.elapsed() < Duration::from_secs(2), "woken by the settle, not by the deadline");
+    }
+    // A watch on another key sleeps until its deadline (or, on Redis, its poll interval).
+    let other = store.watch(&record(&p, "other"));
+    let started = tokio::time::Instant::now();
+    other.changed(started + Duration::from_millis(300)).await;
+    assert!(started.elapsed() >= Duration::from_millis(290));
+}
+
+async fn concurrent_claims_acquire_exactly_once(store: Backend, p: String) {
+    let store = std::sync::Arc::new(store);
+    let k = record(&p, "a");
+    let tasks: Vec<_> = (0..50)
+        .map(|_| {
+            let (store, k) = (store.clone(), k.clone());
+            tokio::spawn(async move { store.claim(&k, &fp(1), LEASE, TTL).await.unwrap() })
+        })
+        .collect();
+    let mut acquired = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            Claim::Acquired(_) => acquired += 1,
+            Claim::InFlight { .. } => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(acquired, 1);
+}
+
+async fn keys_are_independent(store: Backend, p: String) {
+    let a = acquire(&store, &record(&p, "a"), fp(1), LEASE).await;
+    let b = acquire(&store, &record(&p, "b"), fp(1), LEASE).await;
+    store.complete(a, &response(b"a"), RETENTION).await.unwrap();
+    assert!(matches!(claim(&store, &record(&p, "b"), fp(1)).await, Claim::InFlight { .. }));
+    store.release(b).await.unwrap();
+    assert!(matches!(claim(&store, &record(&p, "a"), fp(1)).await, Claim::Completed(_)));
+}
+
+async fn ping_answers(store: Backend, _p: String) {
+    store.ping().await.unwrap();
+}
+
+// ---- instantiation ---------------------------------------------------------------------
+
+macro_rules! contract {
+    ($($scenario:ident),* $(,)?) => {
+        mod memory {
+            $(
+                #[tokio::test]
+                async fn $scenario() {
+                    let store = idemgate::store::Backend::Memory(super::MemoryStore::new(10_000, 1 << 30));
+                    super::$scenario(store, super::support::unique("mem")).await;
+                }
+            )*
+        }
+        mod redis {
+            $(
+                #[tokio::test]
+                async fn $scenario() {
+                    let url = super::RedisServer::shared().url();
+                    let prefix = super::support::unique("contract");
+                    let store = super::RedisStore::new(&url, 8, std::time::Duration::from_secs(2), &prefix).unwrap();
+                    // Let the notification subscriber connect, as it would long before traffic.
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    super::$scenario(idemgate::store::Backend::Redis(store), prefix).await;
+                }
+            )*
+        }
+    };
+}
+
+contract!(
+    absent_key_is_acquired_as_attempt_one,
+    live_claim_reports_in_flight_with_lease_left,
+    different_fingerprint_is_mismatch_while_in_flight_and_after,
+    completed_response_is_replayed_exactly,
+    release_makes_the_key_absent_again,
+    expired_lease_is_taken_over_and_the_stale_owner_is_locked_out,
+    stale_owner_cannot_release_the_new_claim,
+    renewal_keeps_a_claim_past_its_original_lease,
+    retention_expires_completed_records,
+    open_claims_expire_with_their_ttl,
+    get_describes_records_and_delete_purges_them,
+    purged_claim_cannot_be_completed,
+    watch_fires_on_complete_and_release_of_its_key_only,
+    concurrent_claims_acquire_exactly_once,
+    keys_are_independent,
+    ping_answers,
+);
+
+/// Redis-only: records are hashes under hashed names; neither the key nor the caller appears.
+#[tokio::test]
+async fn redis_key_names_never_contain_client_input() {
+    let server = RedisServer::shared();
+    let prefix = support::unique("names");
+    let store = RedisStore::new(&server.url(), 2, Duration::from_secs(2), &prefix).unwrap();
+    let store = Backend::Redis(store);
+    let k = record(&prefix, "\"user-secret-key{slot}\"");
+    let _lease = acquire(&store, &k, fp(1), LEASE).await;
+    let mut conn = server.connection();
+    let names: Vec<String> = ::redis::cmd("KEYS").arg(format!("{prefix}*")).query(&mut conn).unwrap();
+    assert_eq!(names, vec![k.as_str().to_owned()]);
+    assert!(!names[0].contains("secret") && !names[0].contains('{'));
+}
+
+/// Redis-only: a script flushed from Redis (restart, failover) is reloaded transparently.
+#[tokio::test]
+async fn redis_reloads_scripts_after_script_flush() {
+    let server = RedisServer::shared();
+    let prefix = support::unique("noscript");
+    let store = Backend::Redis(RedisStore::new(&server.url(), 2, Duration::from_secs(2), &prefix).unwrap());
+    let _ = acquire(&store, &record(&prefix, "a"), fp(1), LEASE).await;
+    let mut conn = server.connection();
+    let _: () = ::redis::cmd("SCRIPT").arg("FLUSH").query(&mut conn).unwrap();
+    let _ = acquire(&store, &record(&prefix, "b"), fp(1), LEASE).await;
+}
