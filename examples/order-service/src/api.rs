@@ -1,0 +1,159 @@
+//! HTTP routes, request validation and response shapes.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::extract::{Path, State};
+use axum::http::header::CONTENT_TYPE;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{Map, Value, json};
+
+use crate::db::{Database, Insert, NewOrder, Order};
+use crate::error::ApiError;
+use crate::key;
+
+pub const BACKSTOP_HEADER: HeaderName = HeaderName::from_static("idempotency-backstop");
+
+#[derive(Clone)]
+struct AppState {
+    db: Database,
+    backstop_hits: Arc<AtomicU64>,
+}
+
+/// The service's routes over `db`. The backstop counter lives in the returned router, so
+/// each call starts a fresh count.
+pub fn router(db: Database) -> Router {
+    let state = AppState { db, backstop_hits: Arc::new(AtomicU64::new(0)) };
+    Router::new()
+        .route("/orders", post(create_order))
+        .route("/orders/{id}", get(get_order))
+        .route("/healthz", get(healthz))
+        .route("/stats", get(stats))
+        .fallback(no_route)
+        .with_state(state)
+}
+
+/// The success body is a pure function of the order id, so a replay produced from the
+/// stored row is byte-identical to the response the first request got.
+fn created(order_id: i64) -> Response {
+    let body = format!(r#"{{"order_id": {order_id}, "status": "created"}}"#);
+    let content_type = HeaderValue::from_static("application/json");
+    (StatusCode::CREATED, [(CONTENT_TYPE, content_type)], body).into_response()
+}
+
+async fn create_order(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let idem_key = key::from_headers(&headers)?;
+    let body =
+        body.map_err(|rejection| ApiError::Body { status: rejection.status(), message: rejection.body_text() })?;
+    let order = parse_order(&body, idem_key)?;
+
+    match state.db.insert_or_fetch(&order).await? {
+        Insert::Created(id) => Ok(created(id)),
+        Insert::Existing(existing) if existing.sku == order.sku && existing.quantity == order.quantity => {
+            let hits = state.backstop_hits.fetch_add(1, Ordering::Relaxed) + 1;
+            // A hit means a duplicate got past the gateway (lost cache entry, bypassed proxy).
+            tracing::warn!(
+                order_id = existing.id,
+                user_id = %existing.user_id,
+                idem_key = %existing.idem_key,
+                backstop_hits = hits,
+                "idempotency backstop hit: replaying the stored order"
+            );
+            let mut response = created(existing.id);
+            response.headers_mut().insert(BACKSTOP_HEADER, HeaderValue::from_static("hit"));
+            Ok(response)
+        }
+        Insert::Existing(existing) => {
+            tracing::info!(
+                order_id = existing.id,
+                user_id = %existing.user_id,
+                idem_key = %existing.idem_key,
+                "idempotency key reused with a different payload"
+            );
+            Err(ApiError::KeyReused { order_id: existing.id })
+        }
+    }
+}
+
+fn parse_order(body: &[u8], idem_key: String) -> Result<NewOrder, ApiError> {
+    let value: Value = serde_json::from_slice(body).map_err(|e| ApiError::MalformedJson(e.to_string()))?;
+    let Value::Object(fields) = value else {
+        return Err(ApiError::NotAnObject);
+    };
+    Ok(NewOrder {
+        user_id: text_field(&fields, "user_id")?,
+        sku: text_field(&fields, "sku")?,
+        quantity: quantity_field(&fields)?,
+        idem_key,
+    })
+}
+
+/// Blank strings and NUL are refused here because Postgres rejects NUL in TEXT with an
+/// error that would otherwise become a 500, and SQLite would silently accept it.
+fn text_field(fields: &Map<String, Value>, field: &'static str) -> Result<String, ApiError> {
+    match fields.get(field) {
+        Some(Value::String(s)) if !s.trim().is_empty() && !s.contains('\0') => Ok(s.clone()),
+        _ => Err(ApiError::InvalidField { field, expected: "a non-empty string" }),
+    }
+}
+
+/// `as_i64` refuses floats (`1.0`, `1e2`) and values outside i64, whether or not
+/// `serde_json`'s `arbitrary_precision` feature is unified in by another workspace member.
+fn quantity_field(fields: &Map<String, Value>) -> Result<i64, ApiError> {
+    match fields.get("quantity").and_then(Value::as_i64) {
+        Some(quantity) if quantity > 0 => Ok(quantity),
+        _ => Err(ApiError::InvalidField { field: "quantity", expected: "a positive integer that fits in 64 bits" }),
+    }
+}
+
+async fn get_order(
+    State(state): State<AppState>,
+    id: Result<Path<i64>, PathRejection>,
+) -> Result<Json<Order>, ApiError> {
+    let Ok(Path(id)) = id else {
+        return Err(ApiError::InvalidOrderId);
+    };
+    state.db.order(id).await?.map(Json).ok_or(ApiError::NotFound)
+}
+
+async fn healthz() -> Json<Value> {
+    Json(json!({ "status": "ok" }))
+}
+
+async fn stats(State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+    let orders = state.db.count_orders().await?;
+    let backstop_hits = state.backstop_hits.load(Ordering::Relaxed);
+    Ok(Json(json!({ "orders": orders, "backstop_hits": backstop_hits })))
+}
+
+async fn no_route() -> ApiError {
+    ApiError::NoRoute
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn quantity(body: &str) -> Result<i64, ApiError> {
+        parse_order(body.as_bytes(), "k".into()).map(|o| o.quantity)
+    }
+
+    #[test]
+    fn quantity_must_be_a_positive_i64() {
+        let ok = |q: &str| format!(r#"{{"user_id":"u","sku":"s","quantity":{q}}}"#);
+        assert_eq!(quantity(&ok("1")).ok(), Some(1));
+        assert_eq!(quantity(&ok("9223372036854775807")).ok(), Some(i64::MAX));
+        for bad in ["0", "-1", "-0", "1.0", "1.5", "1e2", "\"3\"", "null", "true", "9223372036854775808", "1e400"] {
+            assert!(quantity(&ok(bad)).is_err(), "quantity {bad} accepted");
+        }
+    }
+}

@@ -1,0 +1,40 @@
+//! An example order API that sits behind the idemgate gateway.
+//!
+//! Its `UNIQUE(user_id, idem_key)` constraint is the backstop for duplicates the gateway
+//! could not catch (its Redis lost the record, or a client bypassed it): a repeated
+//! request with the same key and payload gets the original response again, a repeated
+//! key with a different payload gets 422, and neither creates a second row.
+//!
+//! Modules:
+//! - [`api`]: routes, request validation, response shapes and the backstop counter.
+//! - [`db`]: connecting to SQLite or Postgres, schema creation, insert-or-fetch.
+//! - [`error`]: error enums and their single mapping to HTTP responses.
+//! - [`key`]: `Idempotency-Key` normalisation (RFC 8941 sf-string or bare value).
+//!
+//! [`serve`] runs the service on a listener that the caller bound, so other crates' tests
+//! can start it in-process on port 0.
+
+pub mod api;
+pub mod db;
+pub mod error;
+pub mod key;
+
+use std::future::Future;
+
+pub use db::Database;
+pub use error::{DbError, Error};
+
+/// Serves the API on `listener` until `shutdown` completes, then stops accepting, lets
+/// in-flight requests finish and closes the database pool.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    db: Database,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), Error> {
+    let app = api::router(db.clone());
+    let served = axum::serve(listener, app).with_graceful_shutdown(shutdown).await;
+    // Closing after the server has drained: requests still running hold pool handles and
+    // would fail with PoolClosed if the pool went first.
+    db.close().await;
+    served.map_err(Error::Serve)
+}

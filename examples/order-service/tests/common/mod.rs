@@ -1,0 +1,289 @@
+//! Test support: throwaway databases on both backends, an in-process service on a real
+//! TCP port, a small HTTP client and direct reads of the `orders` table.
+
+// Each test crate uses a different subset of these helpers.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::http::{HeaderMap, Method, Request, StatusCode};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use order_service::{Database, Error};
+use sqlx::Connection;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+pub const POSTGRES_ENV: &str = "ORDER_SERVICE_TEST_POSTGRES";
+
+/// Distinguishes databases created by one test process within the same nanosecond.
+static DB_SEQ: AtomicUsize = AtomicUsize::new(0);
+
+/// A database that exists for one test. SQLite lives in a temp dir; Postgres gets a
+/// uniquely named database on the server from `ORDER_SERVICE_TEST_POSTGRES`, dropped when
+/// this value is dropped, including while a failed test unwinds.
+pub struct TestDb {
+    url: String,
+    backend: Backend,
+}
+
+enum Backend {
+    Sqlite(#[allow(dead_code)] tempfile::TempDir),
+    Postgres { admin_url: String, name: String },
+}
+
+impl TestDb {
+    pub fn sqlite() -> Self {
+        let dir = tempfile::tempdir().expect("create temp dir");
+        let url = format!("sqlite:{}", dir.path().join("orders.db").display());
+        Self { url, backend: Backend::Sqlite(dir) }
+    }
+
+    /// `None` (after saying so) when no Postgres server is configured.
+    pub async fn postgres() -> Option<Self> {
+        let Ok(admin_url) = std::env::var(POSTGRES_ENV) else {
+            eprintln!("skipped: {POSTGRES_ENV} is not set");
+            return None;
+        };
+        let nanos = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock").as_nanos();
+        let name =
+            format!("order_service_test_{}_{}_{}", std::process::id(), nanos, DB_SEQ.fetch_add(1, Ordering::Relaxed));
+        let mut admin = sqlx::PgConnection::connect(&admin_url).await.expect("connect to test Postgres");
+        // The name is generated above from digits and underscores, so quoting suffices.
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
+            .execute(&mut admin)
+            .await
+            .expect("create test database");
+        let _ = admin.close().await;
+        let mut url = url::Url::parse(&admin_url).expect("parse ORDER_SERVICE_TEST_POSTGRES");
+        url.set_path(&name);
+        Some(Self { url: url.to_string(), backend: Backend::Postgres { admin_url, name } })
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let Backend::Postgres { admin_url, name } = &self.backend else {
+            return;
+        };
+        let (admin_url, name) = (admin_url.clone(), name.clone());
+        // Drop cannot await, and may run on a runtime thread: a fresh thread with its own
+        // runtime avoids nesting runtimes. FORCE ends connections a failed test left open.
+        let dropped = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            rt.block_on(async {
+                let mut admin = sqlx::PgConnection::connect(&admin_url).await?;
+                let sql = format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)");
+                sqlx::raw_sql(sqlx::AssertSqlSafe(sql)).execute(&mut admin).await?;
+                admin.close().await?;
+                Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+            })
+        })
+        .join();
+        match dropped {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => eprintln!("warning: could not drop test database {}: {err}", self.url),
+            Err(_) => eprintln!("warning: dropping test database {} panicked", self.url),
+        }
+    }
+}
+
+/// A stored order as read straight from the table, bypassing the service.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Row {
+    pub id: i64,
+    pub user_id: String,
+    pub idem_key: String,
+    pub sku: String,
+    pub quantity: i64,
+}
+
+type RawRow = (i64, String, String, String, i64);
+const ROWS: &str = "SELECT id, user_id, idem_key, sku, quantity FROM orders ORDER BY id";
+
+pub async fn rows(url: &str) -> Vec<Row> {
+    let raw: Vec<RawRow> = if url.starts_with("sqlite:") {
+        let mut conn = sqlx::SqliteConnection::connect(url).await.expect("open sqlite");
+        sqlx::query_as(ROWS).fetch_all(&mut conn).await.expect("read sqlite rows")
+    } else {
+        let mut conn = sqlx::PgConnection::connect(url).await.expect("open postgres");
+        sqlx::query_as(ROWS).fetch_all(&mut conn).await.expect("read postgres rows")
+    };
+    raw.into_iter().map(|(id, user_id, idem_key, sku, quantity)| Row { id, user_id, idem_key, sku, quantity }).collect()
+}
+
+pub struct Response {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Response {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("body is not JSON ({e}): {:?}", String::from_utf8_lossy(&self.body)))
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).map(|v| v.to_str().expect("ASCII header"))
+    }
+}
+
+#[derive(Clone)]
+pub struct HttpClient {
+    base: String,
+    inner: Client<HttpConnector, Full<Bytes>>,
+}
+
+impl HttpClient {
+    pub fn new(addr: SocketAddr) -> Self {
+        Self { base: format!("http://{addr}"), inner: Client::builder(TokioExecutor::new()).build_http() }
+    }
+
+    pub async fn request(&self, method: Method, path: &str, headers: &[(&str, &str)], body: &str) -> Response {
+        let mut req = Request::builder().method(method).uri(format!("{}{path}", self.base));
+        for (name, value) in headers {
+            req = req.header(*name, *value);
+        }
+        let req = req.body(Full::new(Bytes::from(body.to_owned()))).expect("build request");
+        let res = tokio::time::timeout(Duration::from_secs(10), self.inner.request(req))
+            .await
+            .expect("request timed out")
+            .expect("send request");
+        let (parts, body) = res.into_parts();
+        let body = body.collect().await.expect("read body").to_bytes();
+        Response { status: parts.status, headers: parts.headers, body }
+    }
+
+    /// POST /orders with an optional raw `Idempotency-Key` header value.
+    pub async fn post_order(&self, key: Option<&str>, body: &str) -> Response {
+        let mut headers = vec![("content-type", "application/json")];
+        if let Some(key) = key {
+            headers.push(("idempotency-key", key));
+        }
+        self.request(Method::POST, "/orders", &headers, body).await
+    }
+
+    pub async fn get(&self, path: &str) -> Response {
+        self.request(Method::GET, path, &[], "").await
+    }
+}
+
+/// The service running in-process on 127.0.0.1:0.
+pub struct Service {
+    pub addr: SocketAddr,
+    pub client: HttpClient,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: JoinHandle<Result<(), Error>>,
+}
+
+impl Service {
+    pub async fn start(url: &str) -> Self {
+        let db = Database::connect(url).await.expect("connect service database");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("local addr");
+        let (shutdown, stop) = oneshot::channel::<()>();
+        let task = tokio::spawn(order_service::serve(listener, db, async {
+            let _ = stop.await;
+        }));
+        Self { addr, client: HttpClient::new(addr), shutdown: Some(shutdown), task }
+    }
+
+    /// Completes the shutdown future handed to `serve`, like SIGTERM does in the binary.
+    pub fn begin_shutdown(&mut self) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+    }
+
+    pub fn has_stopped(&self) -> bool {
+        self.task.is_finished()
+    }
+
+    /// Triggers the shutdown future and waits for `serve` to return.
+    pub async fn stop(mut self) -> Result<(), Error> {
+        self.begin_shutdown();
+        tokio::time::timeout(Duration::from_secs(10), self.task)
+            .await
+            .expect("serve did not return after shutdown")
+            .expect("serve task panicked")
+    }
+
+    pub async fn stats(&self) -> serde_json::Value {
+        let res = self.client.get("/stats").await;
+        assert_eq!(res.status, StatusCode::OK, "{}", res.text());
+        res.json()
+    }
+}
+
+/// Holds a lock that makes an insert of `(user_id, idem_key)` wait: SQLite's write lock, or on
+/// Postgres an uncommitted row with that key. Released by rolling back.
+pub enum InsertBlocker {
+    Sqlite(sqlx::SqliteConnection),
+    Postgres(sqlx::PgConnection),
+}
+
+impl InsertBlocker {
+    pub async fn hold(url: &str, user_id: &str, idem_key: &str) -> Self {
+        if url.starts_with("sqlite:") {
+            let mut conn = sqlx::SqliteConnection::connect(url).await.expect("open sqlite");
+            sqlx::raw_sql("BEGIN IMMEDIATE").execute(&mut conn).await.expect("take write lock");
+            Self::Sqlite(conn)
+        } else {
+            let mut conn = sqlx::PgConnection::connect(url).await.expect("open postgres");
+            sqlx::raw_sql("BEGIN").execute(&mut conn).await.expect("begin");
+            sqlx::query("INSERT INTO orders (user_id, idem_key, sku, quantity) VALUES ($1, $2, 'HOLD', 1)")
+                .bind(user_id)
+                .bind(idem_key)
+                .execute(&mut conn)
+                .await
+                .expect("insert uncommitted row");
+            Self::Postgres(conn)
+        }
+    }
+
+    pub async fn release(self) {
+        match self {
+            Self::Sqlite(mut conn) => sqlx::raw_sql("ROLLBACK").execute(&mut conn).await.map(drop),
+            Self::Postgres(mut conn) => sqlx::raw_sql("ROLLBACK").execute(&mut conn).await.map(drop),
+        }
+        .expect("rollback");
+    }
+}
+
+pub fn order_json(user_id: &str, sku: &str, quantity: i64) -> String {
+    serde_json::json!({ "user_id": user_id, "sku": sku, "quantity": quantity }).to_string()
+}
+
+/// Generates `NAME::sqlite` and `NAME::postgres` tests for each `async fn NAME(url: &str)`.
+#[macro_export]
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                let db = $crate::common::TestDb::sqlite();
+                super::$name(db.url()).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                let Some(db) = $crate::common::TestDb::postgres().await else { return };
+                super::$name(db.url()).await;
+            }
+        }
+    )*};
+}
