@@ -17,9 +17,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use deadpool_redis::{Manager, Pool, Runtime};
+use deadpool_redis::{Hook, HookError, Manager, Pool, Runtime};
 use futures_util::StreamExt;
-use redis::{AsyncConnectionConfig, Cmd, ErrorKind, RedisError, Script, ServerErrorKind, Value};
+use redis::{AsyncConnectionConfig, Cmd, ErrorKind, FromRedisValue, RedisError, Script, ServerErrorKind, Value};
 use tokio::task::JoinHandle;
 
 use super::waiters::Waiters;
@@ -40,6 +40,10 @@ struct Scripts {
 }
 
 impl Scripts {
+    fn all(&self) -> [&Script; 5] {
+        [&self.claim, &self.renew, &self.complete, &self.release, &self.inspect]
+    }
+
     fn new() -> Self {
         Self {
             claim: Script::new(include_str!("lua/claim.lua")),
@@ -54,7 +58,7 @@ impl Scripts {
 /// Redis-backed store, shared by any number of gateway instances.
 pub struct RedisStore {
     pool: Pool,
-    scripts: Scripts,
+    scripts: Arc<Scripts>,
     timeout: Duration,
     channel: String,
     waiters: Arc<Waiters>,
@@ -75,7 +79,20 @@ impl RedisStore {
         let connection =
             AsyncConnectionConfig::new().set_connection_timeout(Some(timeout)).set_response_timeout(Some(timeout));
         let manager = Manager::new_with_config(url, connection).map_err(unavailable)?;
+        let scripts = Arc::new(Scripts::new());
+        let loader = Arc::clone(&scripts);
         let pool = Pool::builder(manager)
+            // Every new connection loads the scripts, so that calls by SHA do not begin with a
+            // NOSCRIPT round trip (after a start, a Redis restart or a failover).
+            .post_create(Hook::async_fn(move |conn, _| {
+                let scripts = Arc::clone(&loader);
+                Box::pin(async move {
+                    for script in scripts.all() {
+                        script.load_async(conn).await.map_err(HookError::Backend)?;
+                    }
+                    Ok(())
+                })
+            }))
             .max_size(pool_size)
             .runtime(Runtime::Tokio1)
             .wait_timeout(Some(timeout))
@@ -89,29 +106,32 @@ impl RedisStore {
         let subscribed = Arc::new(AtomicBool::new(false));
         let subscriber =
             tokio::spawn(subscribe(client, channel.clone(), Arc::clone(&waiters), Arc::clone(&subscribed)));
-        Ok(Self { pool, scripts: Scripts::new(), timeout, channel, waiters, subscribed, subscriber })
+        Ok(Self { pool, scripts, timeout, channel, waiters, subscribed, subscriber })
     }
 
-    /// Runs `cmd` (an EVALSHA of `script`) on a pooled connection, loading the script on
-    /// NOSCRIPT, all within the store timeout.
-    async fn eval(&self, script: &Script, cmd: Cmd) -> Result<Value, StoreError> {
+    /// Runs `cmd` on a pooled connection within the store timeout. For an EVALSHA of
+    /// `script`, a NOSCRIPT reply (Redis restarted or failed over) loads the script and
+    /// repeats the call once.
+    async fn query<T: FromRedisValue>(&self, cmd: Cmd, script: Option<&Script>) -> Result<T, StoreError> {
         let call = async {
             let mut conn = self.pool.get().await.map_err(|e| StoreError::Unavailable(e.to_string()))?;
-            match cmd.query_async(&mut conn).await {
-                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            match (cmd.query_async(&mut conn).await, script) {
+                (Err(e), Some(script)) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                     script.load_async(&mut conn).await.map_err(unavailable)?;
                     cmd.query_async(&mut conn).await.map_err(unavailable)
                 }
-                other => other.map_err(unavailable),
+                (result, _) => result.map_err(unavailable),
             }
         };
         tokio::time::timeout(self.timeout, call).await.map_err(|_| StoreError::Timeout(self.timeout))?
     }
 
-    fn evalsha(script: &Script, key: &RecordKey) -> Cmd {
+    /// Calls `script` on the one record `key`; `args` appends its ARGV.
+    async fn eval(&self, script: &Script, key: &RecordKey, args: impl FnOnce(&mut Cmd)) -> Result<Value, StoreError> {
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(script.get_hash()).arg(1).arg(key.as_str());
-        cmd
+        args(&mut cmd);
+        self.query(cmd, Some(script)).await
     }
 }
 
@@ -133,9 +153,11 @@ impl Store for RedisStore {
         ttl: Duration,
     ) -> Result<Claim, StoreError> {
         let owner = OwnerToken::generate();
-        let mut cmd = Self::evalsha(&self.scripts.claim, key);
-        cmd.arg(&fingerprint.as_bytes()[..]).arg(&owner.as_bytes()[..]).arg(ms(lease)).arg(ms(ttl.max(lease)));
-        let reply = self.eval(&self.scripts.claim, cmd).await?;
+        let reply = self
+            .eval(&self.scripts.claim, key, |cmd| {
+                cmd.arg(&fingerprint.as_bytes()[..]).arg(&owner.as_bytes()[..]).arg(ms(lease)).arg(ms(ttl.max(lease)));
+            })
+            .await?;
         let mut items = Reply::array(reply)?;
         match items.tag()?.as_slice() {
             b"acquired" => {
@@ -154,9 +176,12 @@ impl Store for RedisStore {
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Renewal, StoreError> {
-        let mut cmd = Self::evalsha(&self.scripts.renew, &lease.key);
-        cmd.arg(&lease.owner.as_bytes()[..]).arg(ms(lease.duration)).arg(ms(lease.ttl.max(lease.duration)));
-        match Reply::integer(self.eval(&self.scripts.renew, cmd).await?)? {
+        let reply = self
+            .eval(&self.scripts.renew, &lease.key, |cmd| {
+                cmd.arg(&lease.owner.as_bytes()[..]).arg(ms(lease.duration)).arg(ms(lease.ttl.max(lease.duration)));
+            })
+            .await?;
+        match Reply::integer(reply)? {
             1 => Ok(Renewal::Renewed),
             _ => Ok(Renewal::Lost),
         }
@@ -168,20 +193,25 @@ impl Store for RedisStore {
         response: &StoredResponse,
         retention: Duration,
     ) -> Result<Settled, StoreError> {
-        let mut cmd = Self::evalsha(&self.scripts.complete, &lease.key);
-        cmd.arg(&lease.owner.as_bytes()[..]).arg(&response.encode()[..]).arg(ms(retention)).arg(&self.channel);
-        settled(Reply::integer(self.eval(&self.scripts.complete, cmd).await?)?)
+        let reply = self
+            .eval(&self.scripts.complete, &lease.key, |cmd| {
+                cmd.arg(&lease.owner.as_bytes()[..]).arg(&response.encode()[..]).arg(ms(retention)).arg(&self.channel);
+            })
+            .await?;
+        settled(Reply::integer(reply)?)
     }
 
     async fn release(&self, lease: Lease) -> Result<Settled, StoreError> {
-        let mut cmd = Self::evalsha(&self.scripts.release, &lease.key);
-        cmd.arg(&lease.owner.as_bytes()[..]).arg(&self.channel);
-        settled(Reply::integer(self.eval(&self.scripts.release, cmd).await?)?)
+        let reply = self
+            .eval(&self.scripts.release, &lease.key, |cmd| {
+                cmd.arg(&lease.owner.as_bytes()[..]).arg(&self.channel);
+            })
+            .await?;
+        settled(Reply::integer(reply)?)
     }
 
     async fn get(&self, key: &RecordKey) -> Result<Option<Entry>, StoreError> {
-        let cmd = Self::evalsha(&self.scripts.inspect, key);
-        let mut items = Reply::array(self.eval(&self.scripts.inspect, cmd).await?)?;
+        let mut items = Reply::array(self.eval(&self.scripts.inspect, key, |_| {}).await?)?;
         if items.is_empty() {
             return Ok(None);
         }
@@ -201,12 +231,10 @@ impl Store for RedisStore {
     }
 
     async fn delete(&self, key: &RecordKey) -> Result<bool, StoreError> {
-        let call = async {
-            let mut conn = self.pool.get().await.map_err(|e| StoreError::Unavailable(e.to_string()))?;
-            redis::cmd("DEL").arg(key.as_str()).query_async::<i64>(&mut conn).await.map_err(unavailable)
-        };
-        let n = tokio::time::timeout(self.timeout, call).await.map_err(|_| StoreError::Timeout(self.timeout))??;
-        Ok(n > 0)
+        let mut del = redis::cmd("DEL");
+        del.arg(key.as_str());
+        let removed: i64 = self.query(del, None).await?;
+        Ok(removed > 0)
     }
 
     fn watch(&self, key: &RecordKey) -> Watch {
@@ -215,11 +243,7 @@ impl Store for RedisStore {
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        let call = async {
-            let mut conn = self.pool.get().await.map_err(|e| StoreError::Unavailable(e.to_string()))?;
-            redis::cmd("PING").query_async::<String>(&mut conn).await.map_err(unavailable)
-        };
-        tokio::time::timeout(self.timeout, call).await.map_err(|_| StoreError::Timeout(self.timeout))??;
+        let _: String = self.query(redis::cmd("PING"), None).await?;
         Ok(())
     }
 }
