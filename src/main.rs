@@ -2,6 +2,7 @@
 //!
 //! This is the only place that reads the environment (the log filter, `RUST_LOG`).
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -65,6 +66,8 @@ fn check(path: &std::path::Path) -> ExitCode {
 fn serve(path: &std::path::Path) -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let config = match Config::load(path) {
         Ok(c) => c,
