@@ -85,7 +85,12 @@ pub struct Gateway {
 impl Gateway {
     /// Builds upstream clients, the store and the route table. Must run inside a tokio runtime.
     pub fn new(config: &Config) -> Result<Self, SetupError> {
-        let metrics = Arc::new(Metrics::default());
+        let store = Backend::from_config(&config.store)?;
+        let mut metrics = Metrics::default();
+        if let Backend::Redis(redis) = &store {
+            metrics.register_store_data_loss(redis.data_loss_counter());
+        }
+        let metrics = Arc::new(metrics);
         let mut upstreams = HashMap::new();
         for u in &config.upstreams {
             upstreams.insert(u.name.clone(), Arc::new(Upstream::new(u)?));
@@ -112,7 +117,7 @@ impl Gateway {
         Ok(Self {
             router,
             routes,
-            store: Arc::new(Backend::from_config(&config.store)?),
+            store: Arc::new(store),
             key_prefix: config.store.key_prefix.clone(),
             problem_base: config.server.problem_base.clone(),
             metrics,

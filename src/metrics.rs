@@ -178,6 +178,15 @@ impl Metrics {
         }
     }
 
+    /// Exposes the store's count of detected data losses (Redis only).
+    pub fn register_store_data_loss(&mut self, counter: Counter) {
+        self.registry.register(
+            "store_data_loss",
+            "Times this gateway saw Redis lose its records (epoch marker gone); retries of earlier requests then reach the upstream",
+            counter,
+        );
+    }
+
     /// Counts a request that matched no route.
     pub fn unmatched(&self) {
         self.unmatched.inc();

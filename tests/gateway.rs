@@ -509,6 +509,13 @@ async fn redis_down_fails_closed_or_open_per_route_and_recovers() {
     wait_for(|| async { client.post_json("/orders", Some("after"), ORDER).await.status == 201 }).await;
     assert!(client.post_json("/orders", Some("after"), ORDER).await.is_replay(), "service resumed without a restart");
     assert_eq!(gw.admin_client().get("/readyz", &[]).await.status, 200);
+    // The restarted Redis came back empty: the gateway says so in its metrics.
+    let admin = gw.admin_client();
+    wait_for(|| async {
+        let text = String::from_utf8(admin.get("/metrics", &[]).await.body.to_vec()).unwrap();
+        text.contains("idemgate_store_data_loss_total 1")
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,6 +11,12 @@
 //! gateway's channel only when that flag is set, so uncontended keys cost nothing. One
 //! subscriber task per gateway fans messages out to local waiters. Pub/sub delivery is
 //! at-most-once; waiters therefore also re-read the key at a bounded interval.
+//!
+//! Redis can lose records: a restart without persistence, a failover to a replica that had not
+//! caught up, a FLUSHALL, eviction under memory pressure. The gateway cannot prevent a retry
+//! from running again then (the upstream's UNIQUE constraint must catch it), but it says so:
+//! each gateway keeps an epoch marker (`PREFIX:epoch`) and checks it every second; when the
+//! marker vanishes or changes, the loss is logged and counted (`store_data_loss_total`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,6 +25,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use deadpool_redis::{Hook, HookError, Manager, Pool, Runtime};
 use futures_util::StreamExt;
+use prometheus_client::metrics::counter::Counter;
 use redis::{AsyncConnectionConfig, Cmd, ErrorKind, FromRedisValue, RedisError, Script, ServerErrorKind, Value};
 use tokio::task::JoinHandle;
 
@@ -64,11 +71,14 @@ pub struct RedisStore {
     waiters: Arc<Waiters>,
     subscribed: Arc<AtomicBool>,
     subscriber: JoinHandle<()>,
+    data_loss: Counter,
+    epoch_watch: JoinHandle<()>,
 }
 
 impl Drop for RedisStore {
     fn drop(&mut self) {
         self.subscriber.abort();
+        self.epoch_watch.abort();
     }
 }
 
@@ -106,7 +116,14 @@ impl RedisStore {
         let subscribed = Arc::new(AtomicBool::new(false));
         let subscriber =
             tokio::spawn(subscribe(client, channel.clone(), Arc::clone(&waiters), Arc::clone(&subscribed)));
-        Ok(Self { pool, scripts, timeout, channel, waiters, subscribed, subscriber })
+        let data_loss = Counter::default();
+        let epoch_watch = tokio::spawn(watch_epoch(pool.clone(), format!("{key_prefix}:epoch"), data_loss.clone()));
+        Ok(Self { pool, scripts, timeout, channel, waiters, subscribed, subscriber, data_loss, epoch_watch })
+    }
+
+    /// Counts the times this gateway saw Redis lose its data (see the module docs).
+    pub fn data_loss_counter(&self) -> Counter {
+        self.data_loss.clone()
     }
 
     /// Runs `cmd` on a pooled connection within the store timeout. For an EVALSHA of
@@ -323,4 +340,51 @@ async fn subscribe(client: redis::Client, channel: String, waiters: Arc<Waiters>
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(5));
     }
+}
+
+/// How often the epoch marker is checked.
+const EPOCH_CHECK: Duration = Duration::from_secs(1);
+
+/// Detects that Redis lost its data: the marker this gateway saw is gone or replaced.
+async fn watch_epoch(pool: Pool, marker: String, data_loss: Counter) {
+    let mut known: Option<String> = None;
+    loop {
+        // A fresh candidate each time: a marker re-created by this same gateway after a loss
+        // must differ from the one it knew.
+        let candidate = hex::encode(rand::random::<[u8; 16]>());
+        match read_or_set_epoch(&pool, &marker, &candidate).await {
+            Ok(current) => {
+                if let Some(previous) = known.as_ref().filter(|previous| **previous != current) {
+                    data_loss.inc();
+                    tracing::error!(
+                        previous = %previous,
+                        current = %current,
+                        "Redis lost its data (restart without persistence, failover, flush or eviction): \
+                         retries of requests that already ran will reach the upstream again, whose own \
+                         UNIQUE constraint must answer them"
+                    );
+                }
+                known = Some(current);
+            }
+            Err(e) => tracing::debug!(error = %e, "epoch check skipped: store unreachable"),
+        }
+        tokio::time::sleep(EPOCH_CHECK).await;
+    }
+}
+
+/// The current epoch: the existing marker, or `candidate` if there was none (set without expiry).
+async fn read_or_set_epoch(pool: &Pool, marker: &str, candidate: &str) -> Result<String, StoreError> {
+    let mut conn = pool.get().await.map_err(|e| StoreError::Unavailable(e.to_string()))?;
+    let (current,): (String,) = redis::pipe()
+        .cmd("SET")
+        .arg(marker)
+        .arg(candidate)
+        .arg("NX")
+        .ignore()
+        .cmd("GET")
+        .arg(marker)
+        .query_async(&mut conn)
+        .await
+        .map_err(unavailable)?;
+    Ok(current)
 }
