@@ -5,6 +5,7 @@
 
 pub mod client;
 pub mod gateway;
+pub mod process;
 pub mod redis;
 pub mod upstream;
 

@@ -1,15 +1,12 @@
-//! A private `redis-server` on a free loopback port.
-//!
-//! The server is killed when the test process exits, even on a panic or SIGKILL of the test
-//! binary: it is spawned with PR_SET_PDEATHSIG from a thread that lives as long as the process
-//! (the signal fires when the spawning *thread* exits, so a short-lived test thread must not
-//! be the parent).
+//! A private `redis-server` on a free loopback port, killed when the test process exits
+//! (see `process.rs`).
 
 use std::net::TcpListener;
-use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
+
+use super::process::spawn_tied;
 
 pub struct RedisServer {
     pub port: u16,
@@ -36,29 +33,14 @@ impl RedisServer {
     }
 
     fn launch(&self) {
-        let port = self.port;
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut cmd = Command::new("redis-server");
-            cmd.args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-                .args(["--protected-mode", "no", "--loglevel", "warning"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null());
-            unsafe {
-                cmd.pre_exec(|| {
-                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
-            let _ = tx.send(cmd.spawn());
-            loop {
-                std::thread::park();
-            }
-        });
-        let child = rx.recv().unwrap().expect("redis-server must be on PATH (it is installed by .ci/run)");
+        let mut cmd = Command::new("redis-server");
+        cmd.args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args(["--protected-mode", "no", "--loglevel", "warning"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let child = spawn_tied(cmd).expect("redis-server must be on PATH (it is installed by .ci/run)");
         *self.child.lock().unwrap() = Some(child);
+        let port = self.port;
         wait_until(|| ping(port), "redis-server to answer PING");
     }
 
