@@ -27,6 +27,10 @@ use crate::admin::{self, Admin};
 use crate::config::Config;
 use crate::gateway::{Gateway, SetupError};
 
+/// After the grace period, how long connections get to deliver the answers of abandoned
+/// exchanges (503 shutting-down) before the process exits.
+const ABANDON_FLUSH: Duration = Duration::from_secs(1);
+
 /// Why the server could not start.
 #[derive(Debug, Error)]
 pub enum ServeError {
@@ -125,17 +129,23 @@ impl Server {
         draining.cancel();
         let deadline = Instant::now() + grace;
         tracing::info!(grace = ?grace, "shutting down: draining connections and exchanges");
-        if tokio::time::timeout_at(deadline, connections.shutdown()).await.is_err() {
-            tracing::warn!("connections still open at the end of the grace period");
-        }
+        let drain = connections.shutdown();
+        tokio::pin!(drain);
+        let drained = tokio::time::timeout_at(deadline, &mut drain).await.is_ok();
+        // Exchanges whose clients went away are not tied to a connection: wait for them too.
         gateway.exchanges.close();
-        if tokio::time::timeout_at(deadline, gateway.exchanges.wait()).await.is_err() {
+        let finished = drained && tokio::time::timeout_at(deadline, gateway.exchanges.wait()).await.is_ok();
+        if !finished {
             tracing::warn!(
                 running = gateway.exchanges.len(),
-                "abandoning exchanges still running; their keys are released"
+                "grace period over: abandoning exchanges, releasing their keys"
             );
             gateway.abandon.cancel();
             gateway.exchanges.wait().await;
+            // Their clients, if still connected, get 503 shutting-down: let that reach them.
+            if !drained && tokio::time::timeout(ABANDON_FLUSH, &mut drain).await.is_err() {
+                tracing::warn!("connections still open after the grace period; closing them");
+            }
         }
         if let Some(task) = admin_task {
             task.abort();
