@@ -63,14 +63,25 @@ impl Client {
     }
 
     pub async fn send(&self, method: Method, path: &str, headers: &[(&str, &str)], body: impl Into<Bytes>) -> Reply {
+        self.try_send(method, path, headers, body).await.unwrap_or_else(|e| panic!("request failed: {e}"))
+    }
+
+    /// Like `send`, but a failed exchange (refused, reset, closed) is an `Err`, not a panic.
+    pub async fn try_send(
+        &self,
+        method: Method,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: impl Into<Bytes>,
+    ) -> Result<Reply, String> {
         let mut b = Request::builder().method(method).uri(format!("{}{path}", self.base));
         for (k, v) in headers {
             b = b.header(*k, *v);
         }
-        let resp = self.inner.request(b.body(Full::new(body.into())).unwrap()).await.expect("request failed");
+        let resp = self.inner.request(b.body(Full::new(body.into())).unwrap()).await.map_err(|e| format!("{e:?}"))?;
         let (parts, body) = resp.into_parts();
-        let body = body.collect().await.expect("response body").to_bytes();
-        Reply { status: parts.status, headers: parts.headers, body }
+        let body = body.collect().await.map_err(|e| format!("{e:?}"))?.to_bytes();
+        Ok(Reply { status: parts.status, headers: parts.headers, body })
     }
 
     pub async fn get(&self, path: &str, headers: &[(&str, &str)]) -> Reply {

@@ -1,0 +1,91 @@
+//! What every scenario shares: the gateway config, requests, and the report row.
+
+use std::net::SocketAddr;
+
+use http::Method;
+
+use crate::support::client::{Client, Reply};
+
+/// One row of the summary table.
+#[derive(Debug, Default, Clone)]
+pub struct Report {
+    /// Requests sent by clients.
+    pub requests: u32,
+    /// Requests that reached the upstream.
+    pub executions: u32,
+    /// Duplicates that reached the upstream and were caught by its UNIQUE constraint.
+    pub caught: u32,
+    /// Client-visible failures (connection errors, unexpected statuses) that the scenario allows.
+    pub errors: u32,
+    /// What the scenario showed, in a few words.
+    pub note: String,
+}
+
+/// A gateway config on port 0 with the given routes, all forwarding to `upstream`.
+pub fn gateway_toml(redis_url: &str, upstream: SocketAddr, key_prefix: &str, routes: &str) -> String {
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+shutdown_grace = "5s"
+
+[store]
+backend = "redis"
+url = "{redis_url}"
+key_prefix = "{key_prefix}"
+timeout = "500ms"
+
+[upstreams.ledger]
+url = "http://{upstream}"
+timeout = "10s"
+connect_timeout = "1s"
+{routes}
+"#
+    )
+}
+
+/// An idempotent POST route with extra policy lines.
+pub fn route(name: &str, path: &str, policy: &str) -> String {
+    format!(
+        r#"
+[[routes]]
+name = "{name}"
+methods = ["POST"]
+path = "{path}"
+upstream = "ledger"
+
+[routes.idempotency]
+{policy}
+"#
+    )
+}
+
+/// The JSON body of order `n`.
+pub fn order(n: u32) -> String {
+    format!(r#"{{"sku":"SKU-{n}","quantity":{}}}"#, n % 7 + 1)
+}
+
+/// POSTs `body` with the raw key header value `key`.
+pub async fn post(client: &Client, path: &str, key: &str, body: &str) -> Result<Reply, String> {
+    client
+        .try_send(
+            Method::POST,
+            path,
+            &[("content-type", "application/json"), ("idempotency-key", key)],
+            body.to_owned(),
+        )
+        .await
+}
+
+/// Retries while the gateway answers 503 (store briefly unavailable): nothing was forwarded,
+/// so retrying with the same key is what a client does.
+pub async fn post_until_served(client: &Client, path: &str, key: &str, body: &str) -> Reply {
+    for _ in 0..100 {
+        match post(client, path, key, body).await {
+            Ok(r) if r.status != 503 => return r,
+            _ => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+        }
+    }
+    panic!("{key}: still unavailable after 100 tries");
+}

@@ -1,0 +1,110 @@
+//! The real `idemgate` binary as a child process: started on free ports, killed with
+//! SIGKILL or stopped with SIGTERM like in production.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::support::client::Client;
+use crate::support::process::spawn_tied;
+
+pub struct GatewayProc {
+    pub addr: SocketAddr,
+    pub admin: SocketAddr,
+    child: Child,
+    log: Arc<Mutex<Vec<String>>>,
+    _dir: tempfile::TempDir,
+}
+
+impl GatewayProc {
+    /// Starts the binary with `toml` (which should listen on port 0) and waits until it serves.
+    pub fn start(toml: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gateway.toml");
+        std::fs::write(&path, toml).unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_idemgate"));
+        cmd.arg("--config").arg(&path).env("RUST_LOG", "info").stdout(Stdio::null()).stderr(Stdio::piped());
+        let mut child = spawn_tied(cmd).expect("start idemgate");
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let sink = Arc::clone(&log);
+        // Drain stderr for the whole life of the process: a full pipe would block its logging.
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if line.contains("idemgate serving") {
+                    let _ = tx.send(line.clone());
+                }
+                sink.lock().unwrap().push(line);
+            }
+        });
+        let line = rx.recv_timeout(Duration::from_secs(30)).unwrap_or_else(|_| {
+            panic!("gateway did not start:\n{}", log.lock().unwrap().join("\n"));
+        });
+        let addr = field(&line, "listen=").parse().unwrap();
+        let admin = field(&line, "admin=Some(").trim_end_matches(')').parse().unwrap();
+        Self { addr, admin, child, log, _dir: dir }
+    }
+
+    pub fn client(&self) -> Client {
+        Client::new(self.addr)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// SIGKILL: the process dies mid-whatever, with no chance to release anything.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn sigterm(&self) {
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
+        }
+    }
+
+    /// Waits for the process to exit, at most `limit`.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// A metric's value from the admin listener (0 when absent).
+    pub async fn metric(&self, name: &str) -> f64 {
+        let text = Client::new(self.admin).get("/metrics", &[]).await.body;
+        String::from_utf8_lossy(&text)
+            .lines()
+            .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+}
+
+impl Drop for GatewayProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn field<'a>(line: &'a str, prefix: &str) -> &'a str {
+    let start = line.find(prefix).unwrap_or_else(|| panic!("no {prefix} in {line}")) + prefix.len();
+    line[start..].split_whitespace().next().unwrap()
+}

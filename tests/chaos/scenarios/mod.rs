@@ -1,0 +1,30 @@
+//! The scenarios, in the order of the summary table.
+
+mod crash;
+mod disconnect;
+mod flaky_upstream;
+mod lease;
+mod redis_down;
+mod redis_loss;
+mod shutdown_deadline;
+mod sigterm;
+mod storm;
+
+use std::future::Future;
+use std::pin::Pin;
+
+use crate::common::Report;
+
+type Scenario = fn() -> Pin<Box<dyn Future<Output = Report> + Send>>;
+
+pub const ALL: &[(&str, Scenario)] = &[
+    ("1 storm: 2 gateways, 500 keys x 8 duplicates", || Box::pin(storm::run())),
+    ("2 lease shorter than the upstream call", || Box::pin(lease::run())),
+    ("3 kill -9 of a gateway mid-request", || Box::pin(crash::run())),
+    ("4 redis restarted empty before the retry", || Box::pin(redis_loss::run())),
+    ("5 redis stopped during load", || Box::pin(redis_down::run())),
+    ("6 client disconnects after sending", || Box::pin(disconnect::run())),
+    ("7 SIGTERM under load", || Box::pin(sigterm::run())),
+    ("8 upstream 5xx, then success", || Box::pin(flaky_upstream::run())),
+    ("9 shutdown deadline with a request still running", || Box::pin(shutdown_deadline::run())),
+];

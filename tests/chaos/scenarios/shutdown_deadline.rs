@@ -1,0 +1,51 @@
+//! A request still running when the shutdown grace period ends: the gateway releases its key
+//! and answers 503 `shutting-down`, so the client's retry through another gateway runs at once
+//! instead of waiting for the lease to pass; the upstream's constraint answers the retry.
+
+use std::time::{Duration, Instant};
+
+use crate::common::{Report, order, post, route};
+use crate::gateway_proc::GatewayProc;
+use crate::ledger::{Faults, Ledger};
+use crate::support::redis::RedisServer;
+use crate::support::unique;
+
+pub async fn run() -> Report {
+    let redis = RedisServer::start();
+    let ledger = Ledger::start(Faults { first_delay: Duration::from_secs(4), ..Faults::default() }).await;
+    let prefix = unique("deadline");
+    let toml = crate::common::gateway_toml(&redis.url(), ledger.addr, &prefix, &route("orders", "/orders", ""))
+        .replace("shutdown_grace = \"5s\"", "shutdown_grace = \"1s\"");
+    let mut stopping = GatewayProc::start(&toml);
+    let witness = GatewayProc::start(&toml);
+
+    let client = stopping.client();
+    let slow = tokio::spawn(async move { post(&client, "/orders", "\"slow\"", &order(1)).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(ledger.arrivals("\"slow\""), 1);
+    let signalled = Instant::now();
+    stopping.sigterm();
+    let answer = slow.await.unwrap().expect("the client is answered, not reset");
+    assert_eq!(answer.status, 503, "{answer:?}");
+    assert_eq!(answer.problem(), "shutting-down");
+    let status = stopping.wait_exit(Duration::from_secs(5)).expect("exits after the grace period");
+    assert!(status.success());
+    let stopped_after = signalled.elapsed();
+    assert!(stopped_after < Duration::from_secs(3), "grace is 1s, took {stopped_after:?}");
+
+    // The key was released: the retry does not wait for the 10s lease.
+    let started = Instant::now();
+    let retry = post(&witness.client(), "/orders", "\"slow\"", &order(1)).await.unwrap();
+    assert_eq!(retry.status, 201, "{retry:?}");
+    assert_eq!(retry.header("idempotency-backstop"), Some("hit"), "the first execution's row answers");
+    assert!(started.elapsed() < Duration::from_secs(2), "released, not left to expire");
+    let totals = ledger.totals();
+    assert_eq!(totals.rows, 1);
+    Report {
+        requests: 2,
+        executions: totals.arrivals,
+        caught: totals.backstop_hits,
+        errors: 1,
+        note: format!("exited {:.1}s after SIGTERM; key released, retry ran at once", stopped_after.as_secs_f64()),
+    }
+}

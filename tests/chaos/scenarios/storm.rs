@@ -1,0 +1,82 @@
+//! Two gateway processes on one Redis; K keys, each sent N times at once, spread across both
+//! gateways; then, for a slice of the keys, a request with an altered body.
+//! Guarantee: exactly K executions; every answer for a key byte-identical; every altered
+//! body 422.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+
+use crate::common::{Report, gateway_toml, order, post, route};
+use crate::gateway_proc::GatewayProc;
+use crate::ledger::{Faults, Ledger};
+use crate::support::redis::RedisServer;
+use crate::support::unique;
+
+const KEYS: u32 = 500;
+const DUPLICATES: u32 = 8;
+const ALTERED_EVERY: u32 = 10;
+const IN_FLIGHT: usize = 128;
+
+pub async fn run() -> Report {
+    let redis = RedisServer::start();
+    let ledger = Ledger::start(Faults { jitter: Duration::from_millis(30), ..Faults::default() }).await;
+    let toml = gateway_toml(&redis.url(), ledger.addr, &unique("storm"), &route("orders", "/orders", ""));
+    let gateways = [GatewayProc::start(&toml), GatewayProc::start(&toml)];
+    let clients = [gateways[0].client(), gateways[1].client()];
+
+    let limit = Arc::new(Semaphore::new(IN_FLIGHT));
+    let mut tasks = JoinSet::new();
+    for k in 0..KEYS {
+        for n in 0..DUPLICATES {
+            let client = clients[((k + n) % 2) as usize].clone();
+            let limit = Arc::clone(&limit);
+            tasks.spawn(async move {
+                let _permit = limit.acquire_owned().await.unwrap();
+                (k, post(&client, "/orders", &key(k), &order(k)).await)
+            });
+        }
+    }
+    let mut answers: HashMap<u32, Vec<crate::support::client::Reply>> = HashMap::new();
+    while let Some(joined) = tasks.join_next().await {
+        let (k, reply) = joined.unwrap();
+        let reply = reply.unwrap_or_else(|e| panic!("key {k}: request failed: {e}"));
+        answers.entry(k).or_default().push(reply);
+    }
+    for (k, replies) in &answers {
+        let first = &replies[0];
+        for r in replies {
+            assert_eq!(r.status, 201, "key {k}: {r:?}");
+            assert_eq!(r.body, first.body, "key {k}: answers differ");
+        }
+        assert_eq!(replies.iter().filter(|r| !r.is_replay()).count(), 1, "key {k}: one first answer, the rest replays");
+    }
+
+    // A slice of keys gets a different body: 422 through either gateway, nothing forwarded.
+    let mut altered = 0;
+    for k in (0..KEYS).step_by(ALTERED_EVERY as usize) {
+        let r = post(&clients[(k % 2) as usize], "/orders", &key(k), &order(k + 1)).await.unwrap();
+        assert_eq!(r.status, 422, "key {k}: altered body");
+        altered += 1;
+    }
+
+    let totals = ledger.totals();
+    assert_eq!(ledger.keys_over(1), vec![], "keys executed more than once");
+    assert_eq!(totals.arrivals, KEYS, "exactly one execution per key");
+    assert_eq!(totals.rows, KEYS);
+    assert_eq!(totals.backstop_hits, 0, "no duplicate ever reached the upstream");
+    Report {
+        requests: KEYS * DUPLICATES + altered,
+        executions: totals.arrivals,
+        caught: totals.backstop_hits,
+        errors: 0,
+        note: format!("{KEYS} executions for {KEYS} keys; {altered} altered bodies all 422"),
+    }
+}
+
+fn key(k: u32) -> String {
+    format!("\"storm-{k}\"")
+}
