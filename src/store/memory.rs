@@ -134,6 +134,8 @@ impl Store for MemoryStore {
         ttl: Duration,
     ) -> Result<Claim, StoreError> {
         let now = Instant::now();
+        // An open claim never expires before its lease does (as in Redis).
+        let ttl = ttl.max(lease);
         let mut inner = self.lock();
         let owner = OwnerToken::generate();
         let attempt = match inner.entries.get_mut(key) {
@@ -179,7 +181,7 @@ impl Store for MemoryStore {
         }
         *deadline = now + lease.duration;
         if slot.expires.0 < *deadline {
-            inner.set_expiry(&lease.key, now + lease.ttl);
+            inner.set_expiry(&lease.key, now + lease.ttl.max(lease.duration));
         }
         Ok(Renewal::Renewed)
     }
@@ -314,6 +316,14 @@ mod tests {
         assert!(store.get(&key(1)).await.unwrap().is_none());
         assert!(store.get(&key(3)).await.unwrap().is_some());
         assert!(store.lock().bytes <= 250);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_open_claim_outlives_a_ttl_shorter_than_its_lease() {
+        let store = MemoryStore::new(100, u64::MAX);
+        let _held = store.claim(&key(1), &FP, Duration::from_millis(400), Duration::from_millis(100)).await.unwrap();
+        tokio::time::advance(Duration::from_millis(200)).await;
+        assert!(matches!(store.claim(&key(1), &FP, LEASE, TTL).await.unwrap(), Claim::InFlight { .. }));
     }
 
     #[tokio::test(start_paused = true)]

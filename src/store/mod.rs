@@ -195,7 +195,8 @@ pub enum StoreError {
 /// The transitions of one key. Implementations must be atomic per call.
 pub trait Store: Send + Sync {
     /// Claims `key` for a request with `fingerprint`: acquires it if absent (or its lease has
-    /// passed), else reports what is there. `ttl` bounds how long an open claim is kept.
+    /// passed), else reports what is there. `ttl` bounds how long an open claim is kept; it is
+    /// never shorter than the lease.
     fn claim(
         &self,
         key: &RecordKey,
