@@ -1,6 +1,7 @@
 //! A request still running when the shutdown grace period ends: the gateway releases its key
 //! and answers 503 `shutting-down`, so the client's retry through another gateway runs at once
 //! instead of waiting for the lease to pass; the upstream's constraint answers the retry.
+//! And a second signal ends the process without waiting.
 
 use std::time::{Duration, Instant};
 
@@ -39,13 +40,30 @@ pub async fn run() -> Report {
     assert_eq!(retry.status, 201, "{retry:?}");
     assert_eq!(retry.header("idempotency-backstop"), Some("hit"), "the first execution's row answers");
     assert!(started.elapsed() < Duration::from_secs(2), "released, not left to expire");
+    // A second signal does not wait for the grace period.
+    let mut impatient = GatewayProc::start(&toml.replace("shutdown_grace = \"1s\"", "shutdown_grace = \"30s\""));
+    let client = impatient.client();
+    let held = tokio::spawn(async move { post(&client, "/orders", "\"held\"", &order(2)).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    impatient.sigterm();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(impatient.wait_exit(Duration::ZERO).is_none(), "the first signal waits for the running request");
+    let second = Instant::now();
+    impatient.sigterm();
+    let status = impatient.wait_exit(Duration::from_secs(5)).expect("a second signal exits at once");
+    assert!(second.elapsed() < Duration::from_secs(2) && !status.success(), "{status:?}");
+    assert!(held.await.unwrap().is_err(), "its client loses the answer: that is what a second signal means");
+
     let totals = ledger.totals();
-    assert_eq!(totals.rows, 1);
+    assert_eq!(totals.rows, 2);
     Report {
-        requests: 2,
+        requests: 3,
         executions: totals.arrivals,
         caught: totals.backstop_hits,
-        errors: 1,
-        note: format!("exited {:.1}s after SIGTERM; key released, retry ran at once", stopped_after.as_secs_f64()),
+        errors: 2,
+        note: format!(
+            "exited {:.1}s after SIGTERM; key released, retry ran at once; a second signal exits at once",
+            stopped_after.as_secs_f64()
+        ),
     }
 }
