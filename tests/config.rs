@@ -164,9 +164,9 @@ replay_header = ""
 
 #[test]
 fn backend_specific_keys_are_checked_against_the_backend() {
-    let text = MINIMAL.replace("backend = \"memory\"", "backend = \"memory\"\nurl = \"redis://x\"\npool_size = 3");
+    let text = MINIMAL.replace("backend = \"memory\"", "backend = \"memory\"\nurl = \"redis://x\"\nconnections = 3");
     assert_issue(&text, "store.url", "redis backend only");
-    assert_issue(&text, "store.pool_size", "redis backend only");
+    assert_issue(&text, "store.connections", "redis backend only");
     let text =
         MINIMAL.replace("backend = \"memory\"", "backend = \"redis\"\nurl = \"redis://127.0.0.1\"\nmax_entries = 5");
     assert_issue(&text, "store.max_entries", "memory backend only");

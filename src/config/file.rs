@@ -53,8 +53,8 @@ pub struct StoreSection {
     pub url: Option<String>,
     /// Maximum time for one store call; slower calls count as the store being down.
     pub timeout: Option<HumanDuration>,
-    /// Maximum number of pooled Redis connections.
-    pub pool_size: Option<usize>,
+    /// Multiplexed Redis connections; each carries any number of concurrent calls.
+    pub connections: Option<usize>,
     /// Prefix of every Redis key (and of the notification channel) this gateway writes.
     pub key_prefix: Option<String>,
     /// Memory backend: maximum number of records kept.

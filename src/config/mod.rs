@@ -66,8 +66,8 @@ pub enum StoreBackendConfig {
     Redis {
         /// Connection URL.
         url: String,
-        /// Maximum pooled connections.
-        pool_size: usize,
+        /// Multiplexed connections.
+        connections: usize,
     },
     /// In-process memory, for one instance.
     Memory {

@@ -26,7 +26,7 @@ pub mod defaults {
     pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(8);
     pub const PROBLEM_BASE: &str = "https://github.com/idemgate/idemgate/blob/main/docs/errors.md#";
     pub const STORE_TIMEOUT: Duration = Duration::from_secs(1);
-    pub const POOL_SIZE: usize = 16;
+    pub const CONNECTIONS: usize = 2;
     pub const KEY_PREFIX: &str = "idemgate";
     pub const MAX_ENTRIES: usize = 100_000;
     pub const MAX_BYTES: u64 = 256 << 20;
@@ -118,14 +118,14 @@ fn store(s: &file::StoreSection, issues: &mut Issues) -> Option<StoreConfig> {
                 }
                 Some(url) => issues.check("store.url", redis_url(url)),
             };
-            let pool_size = s.pool_size.unwrap_or(defaults::POOL_SIZE);
-            if pool_size == 0 {
-                issues.add("store.pool_size", "must be at least 1");
+            let connections = s.connections.unwrap_or(defaults::CONNECTIONS);
+            if !(1..=64).contains(&connections) {
+                issues.add("store.connections", "must be between 1 and 64");
             }
-            url.map(|url| StoreBackendConfig::Redis { url, pool_size })
+            url.map(|url| StoreBackendConfig::Redis { url, connections })
         }
         "memory" => {
-            for (set, key) in [(s.url.is_some(), "url"), (s.pool_size.is_some(), "pool_size")] {
+            for (set, key) in [(s.url.is_some(), "url"), (s.connections.is_some(), "connections")] {
                 if set {
                     issues.add(format!("store.{key}"), "applies to the redis backend only");
                 }

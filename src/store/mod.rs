@@ -247,8 +247,8 @@ impl Backend {
     /// answers by its `on_store_error` policy) even while Redis is down.
     pub fn from_config(config: &StoreConfig) -> Result<Self, StoreError> {
         Ok(match &config.backend {
-            StoreBackendConfig::Redis { url, pool_size } => {
-                Self::Redis(RedisStore::new(url, *pool_size, config.timeout, &config.key_prefix)?)
+            StoreBackendConfig::Redis { url, connections } => {
+                Self::Redis(RedisStore::new(url, *connections, config.timeout, &config.key_prefix)?)
             }
             StoreBackendConfig::Memory { max_entries, max_bytes } => {
                 Self::Memory(MemoryStore::new(*max_entries, *max_bytes))

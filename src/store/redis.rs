@@ -1,8 +1,11 @@
 //! The Redis store: every transition is one Lua script, run by SHA.
 //!
-//! Scripts are built once (their SHA computed once) and sent with EVALSHA; on NOSCRIPT (a
-//! restarted or failed-over Redis) the script is loaded and the call repeated. Each call takes
-//! a pooled connection only for its own round trip and is bounded by the store timeout.
+//! Scripts are built once (their SHA computed once), loaded when the gateway starts and sent
+//! with EVALSHA; on NOSCRIPT (a restarted or failed-over Redis) the script is loaded and the
+//! call repeated. Calls go over a few multiplexed connections (`store.connections`), which
+//! pipeline every concurrent call instead of holding a connection per call: one round trip per
+//! transition, and concurrent requests share writes. A broken connection reconnects by itself.
+//! Every call is bounded by the store timeout.
 //! Times are Redis server time (`TIME`) or relative expiry, never a gateway's wall clock,
 //! so that gateways with skewed clocks agree on every lease.
 //!
@@ -19,14 +22,14 @@
 //! marker vanishes or changes, the loss is logged and counted (`store_data_loss_total`).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use deadpool_redis::{Hook, HookError, Manager, Pool, Runtime};
 use futures_util::StreamExt;
 use prometheus_client::metrics::counter::Counter;
-use redis::{AsyncConnectionConfig, Cmd, ErrorKind, FromRedisValue, RedisError, Script, ServerErrorKind, Value};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{Cmd, ErrorKind, FromRedisValue, RedisError, Script, ServerErrorKind, Value};
 use tokio::task::JoinHandle;
 
 use super::waiters::Waiters;
@@ -64,61 +67,74 @@ impl Scripts {
 
 /// Redis-backed store, shared by any number of gateway instances.
 pub struct RedisStore {
-    pool: Pool,
+    connections: Connections,
     scripts: Arc<Scripts>,
     timeout: Duration,
     channel: String,
     waiters: Arc<Waiters>,
     subscribed: Arc<AtomicBool>,
-    subscriber: JoinHandle<()>,
     data_loss: Counter,
-    epoch_watch: JoinHandle<()>,
+    /// Subscriber, epoch watch and script warm-up; stopped with the store.
+    background: Vec<JoinHandle<()>>,
 }
 
 impl Drop for RedisStore {
     fn drop(&mut self) {
-        self.subscriber.abort();
-        self.epoch_watch.abort();
+        for task in &self.background {
+            task.abort();
+        }
+    }
+}
+
+/// A fixed set of multiplexed, self-reconnecting connections, used in turn.
+#[derive(Clone)]
+struct Connections {
+    managers: Arc<[ConnectionManager]>,
+    next: Arc<AtomicUsize>,
+}
+
+impl Connections {
+    fn new(client: &redis::Client, count: usize, timeout: Duration) -> Result<Self, StoreError> {
+        // A broken connection is re-established on the next call; retries inside one call are
+        // few and short so that an unreachable Redis surfaces as an error within the timeout
+        // (and the route's on_store_error applies) instead of a long hang.
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(timeout))
+            .set_response_timeout(Some(timeout))
+            .set_number_of_retries(1)
+            .set_min_delay(Duration::from_millis(20))
+            .set_max_delay(timeout);
+        let managers = (0..count.max(1))
+            .map(|_| ConnectionManager::new_lazy_with_config(client.clone(), config.clone()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(unavailable)?;
+        Ok(Self { managers: managers.into(), next: Arc::new(AtomicUsize::new(0)) })
+    }
+
+    fn pick(&self) -> ConnectionManager {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.managers.len();
+        self.managers[i].clone()
     }
 }
 
 impl RedisStore {
-    /// Prepares the pool and starts the notification subscriber. Connections are made on
-    /// first use, so this succeeds while Redis is down. Must be called inside a tokio runtime.
-    pub fn new(url: &str, pool_size: usize, timeout: Duration, key_prefix: &str) -> Result<Self, StoreError> {
-        let connection =
-            AsyncConnectionConfig::new().set_connection_timeout(Some(timeout)).set_response_timeout(Some(timeout));
-        let manager = Manager::new_with_config(url, connection).map_err(unavailable)?;
-        let scripts = Arc::new(Scripts::new());
-        let loader = Arc::clone(&scripts);
-        let pool = Pool::builder(manager)
-            // Every new connection loads the scripts, so that calls by SHA do not begin with a
-            // NOSCRIPT round trip (after a start, a Redis restart or a failover).
-            .post_create(Hook::async_fn(move |conn, _| {
-                let scripts = Arc::clone(&loader);
-                Box::pin(async move {
-                    for script in scripts.all() {
-                        script.load_async(conn).await.map_err(HookError::Backend)?;
-                    }
-                    Ok(())
-                })
-            }))
-            .max_size(pool_size)
-            .runtime(Runtime::Tokio1)
-            .wait_timeout(Some(timeout))
-            .create_timeout(Some(timeout))
-            .recycle_timeout(Some(timeout))
-            .build()
-            .map_err(|e| StoreError::Unavailable(e.to_string()))?;
+    /// Prepares `connections` multiplexed connections and starts the notification subscriber.
+    /// Connections are made on first use, so this succeeds while Redis is down. Must be called
+    /// inside a tokio runtime.
+    pub fn new(url: &str, connections: usize, timeout: Duration, key_prefix: &str) -> Result<Self, StoreError> {
         let client = redis::Client::open(url).map_err(unavailable)?;
+        let connections = Connections::new(&client, connections, timeout)?;
+        let scripts = Arc::new(Scripts::new());
         let channel = format!("{key_prefix}:settled");
         let waiters = Arc::new(Waiters::default());
         let subscribed = Arc::new(AtomicBool::new(false));
-        let subscriber =
-            tokio::spawn(subscribe(client, channel.clone(), Arc::clone(&waiters), Arc::clone(&subscribed)));
         let data_loss = Counter::default();
-        let epoch_watch = tokio::spawn(watch_epoch(pool.clone(), format!("{key_prefix}:epoch"), data_loss.clone()));
-        Ok(Self { pool, scripts, timeout, channel, waiters, subscribed, subscriber, data_loss, epoch_watch })
+        let background = vec![
+            tokio::spawn(subscribe(client, channel.clone(), Arc::clone(&waiters), Arc::clone(&subscribed))),
+            tokio::spawn(watch_epoch(connections.pick(), format!("{key_prefix}:epoch"), data_loss.clone())),
+            tokio::spawn(load_scripts(connections.clone(), Arc::clone(&scripts))),
+        ];
+        Ok(Self { connections, scripts, timeout, channel, waiters, subscribed, data_loss, background })
     }
 
     /// Counts the times this gateway saw Redis lose its data (see the module docs).
@@ -126,12 +142,11 @@ impl RedisStore {
         self.data_loss.clone()
     }
 
-    /// Runs `cmd` on a pooled connection within the store timeout. For an EVALSHA of
-    /// `script`, a NOSCRIPT reply (Redis restarted or failed over) loads the script and
-    /// repeats the call once.
+    /// Runs `cmd` within the store timeout. For an EVALSHA of `script`, a NOSCRIPT reply (Redis
+    /// restarted or failed over) loads the script and repeats the call once.
     async fn query<T: FromRedisValue>(&self, cmd: Cmd, script: Option<&Script>) -> Result<T, StoreError> {
         let call = async {
-            let mut conn = self.pool.get().await.map_err(|e| StoreError::Unavailable(e.to_string()))?;
+            let mut conn = self.connections.pick();
             match (cmd.query_async(&mut conn).await, script) {
                 (Err(e), Some(script)) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                     script.load_async(&mut conn).await.map_err(unavailable)?;
@@ -346,13 +361,13 @@ async fn subscribe(client: redis::Client, channel: String, waiters: Arc<Waiters>
 const EPOCH_CHECK: Duration = Duration::from_secs(1);
 
 /// Detects that Redis lost its data: the marker this gateway saw is gone or replaced.
-async fn watch_epoch(pool: Pool, marker: String, data_loss: Counter) {
+async fn watch_epoch(conn: ConnectionManager, marker: String, data_loss: Counter) {
     let mut known: Option<String> = None;
     loop {
         // A fresh candidate each time: a marker re-created by this same gateway after a loss
         // must differ from the one it knew.
         let candidate = hex::encode(rand::random::<[u8; 16]>());
-        match read_or_set_epoch(&pool, &marker, &candidate).await {
+        match read_or_set_epoch(conn.clone(), &marker, &candidate).await {
             Ok(current) => {
                 if let Some(previous) = known.as_ref().filter(|previous| **previous != current) {
                     data_loss.inc();
@@ -373,8 +388,7 @@ async fn watch_epoch(pool: Pool, marker: String, data_loss: Counter) {
 }
 
 /// The current epoch: the existing marker, or `candidate` if there was none (set without expiry).
-async fn read_or_set_epoch(pool: &Pool, marker: &str, candidate: &str) -> Result<String, StoreError> {
-    let mut conn = pool.get().await.map_err(|e| StoreError::Unavailable(e.to_string()))?;
+async fn read_or_set_epoch(mut conn: ConnectionManager, marker: &str, candidate: &str) -> Result<String, StoreError> {
     let (current,): (String,) = redis::pipe()
         .cmd("SET")
         .arg(marker)
@@ -387,4 +401,22 @@ async fn read_or_set_epoch(pool: &Pool, marker: &str, candidate: &str) -> Result
         .await
         .map_err(unavailable)?;
     Ok(current)
+}
+
+/// Loads every script once Redis answers, so that the first calls after a start do not begin
+/// with a NOSCRIPT round trip. (After a Redis restart, NOSCRIPT handling in `query` reloads.)
+async fn load_scripts(connections: Connections, scripts: Arc<Scripts>) {
+    let mut backoff = Duration::from_millis(50);
+    loop {
+        let mut conn = connections.pick();
+        let mut loaded = true;
+        for script in scripts.all() {
+            loaded &= script.load_async(&mut conn).await.is_ok();
+        }
+        if loaded {
+            return;
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
 }
