@@ -193,6 +193,7 @@ impl Store for MemoryStore {
         retention: Duration,
     ) -> Result<Settled, StoreError> {
         let now = Instant::now();
+        let stored = response.compact();
         {
             let mut inner = self.lock();
             let Some(slot) = inner.entries.get_mut(&lease.key) else {
@@ -201,8 +202,9 @@ impl Store for MemoryStore {
             if !matches!(slot.state, State::InProgress { owner, .. } if owner == lease.owner) {
                 return Ok(Settled::Lost);
             }
-            slot.state = State::Completed(response.clone());
-            inner.bytes += response.weight() as u64;
+            let weight = stored.weight() as u64;
+            slot.state = State::Completed(stored);
+            inner.bytes += weight;
             inner.set_expiry(&lease.key, now + retention);
             let max_bytes = self.max_bytes;
             inner.evict_until(Some(&lease.key), |i| i.bytes <= max_bytes);
