@@ -29,7 +29,8 @@ pub async fn run() -> Report {
     let pid = gateway.pid();
     let phase = Arc::new(AtomicU8::new(UP));
 
-    // Load: a request to each route every 10ms, each tagged with the phase it was sent in.
+    // Load: a request to each route every 10ms, each tagged with the phase it was sent and
+    // answered in (or as in transition when those differ).
     let mut load = JoinSet::new();
     let sender = {
         let (client, phase) = (gateway.client(), Arc::clone(&phase));
@@ -41,8 +42,11 @@ pub async fn run() -> Report {
                 }
                 for path in ["/closed", "/open"] {
                     let (client, key) = (client.clone(), format!("\"down-{path}-{n}\""));
+                    let phase = Arc::clone(&phase);
                     load.spawn(async move {
                         let reply = post(&client, path, &key, &order(n)).await;
+                        // Only a request sent and answered within one phase belongs to it.
+                        let p = if phase.load(Ordering::SeqCst) == p { p } else { STOPPING };
                         (p, path, key, reply)
                     });
                 }
