@@ -9,6 +9,7 @@
 //! the exchange. While the call runs, the lease is renewed every third of its duration.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -53,7 +54,9 @@ impl Exchange {
     /// Runs the exchange in its own task and waits for its response. Dropping the returned
     /// future (the client went away) does not stop the exchange.
     pub async fn spawn(self, tracker: &TaskTracker) -> Result<Response<Body>, GatewayError> {
-        match tracker.spawn(self.run()).await {
+        // The exchange's state machine is ~10 KiB; boxed once here, it is not copied again on its
+        // way into the task (a by-value spawn moves it through several frames).
+        match tracker.spawn(Box::pin(self.run())).await {
             Ok(result) => result,
             Err(e) => Err(GatewayError::Internal(format!("exchange task failed: {e}"))),
         }
@@ -62,24 +65,23 @@ impl Exchange {
     async fn run(self) -> Result<Response<Body>, GatewayError> {
         let Self { route, policy, store, lease, request, abandon } = self;
         let upstream = &route.upstream;
-        let call = async {
-            let response = upstream.send(request.map(body::full)).await?;
-            capture::capture(response, policy.max_stored_body).await.map_err(|e| upstream.body_failed(&e))
-        };
-        let bounded = async {
-            match tokio::time::timeout(upstream.timeout(), call).await {
-                Ok(Ok(captured)) => Ended::Answered(captured),
-                Ok(Err(e)) => Ended::Failed(e),
-                Err(_) => Ended::Failed(upstream.timed_out()),
-            }
-        };
-        let abandonable = async {
+        // Pinned in place and passed on by reference: moving these futures by value would copy
+        // kilobytes of state per request.
+        let work = std::pin::pin!(async {
+            let call = async {
+                let response = upstream.send(request.map(body::full)).await?;
+                capture::capture(response, policy.max_stored_body).await.map_err(|e| upstream.body_failed(&e))
+            };
             tokio::select! {
-                ended = bounded => ended,
+                result = tokio::time::timeout(upstream.timeout(), call) => match result {
+                    Ok(Ok(captured)) => Ended::Answered(captured),
+                    Ok(Err(e)) => Ended::Failed(e),
+                    Err(_) => Ended::Failed(upstream.timed_out()),
+                },
                 () = abandon.cancelled() => Ended::Abandoned,
             }
-        };
-        let ended = renewing(&*store, &lease, &policy, &route, abandonable).await;
+        });
+        let ended = renewing(&*store, &lease, &policy, &route, work).await;
 
         match ended {
             Ended::Answered(Captured::Whole(parts, body)) if policy.store_statuses.contains(parts.status) => {
@@ -121,7 +123,7 @@ async fn renewing<S: Store, T>(
     lease: &Lease,
     policy: &IdempotencyPolicy,
     route: &Route,
-    work: impl Future<Output = T>,
+    mut work: Pin<&mut impl Future<Output = T>>,
 ) -> T {
     if !policy.renew {
         return work.await;
@@ -129,12 +131,13 @@ async fn renewing<S: Store, T>(
     let period = lease.duration() / 3;
     let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tokio::pin!(work);
     let mut renewing = true;
     loop {
         tokio::select! {
             out = &mut work => return out,
-            _ = ticks.tick(), if renewing => match store.renew(lease).await {
+            // Boxed: renewals are rare, and the store call would otherwise swell every
+            // exchange's state by its size.
+            _ = ticks.tick(), if renewing => match Box::pin(store.renew(lease)).await {
                 Ok(Renewal::Renewed) => {}
                 Ok(Renewal::Lost) => {
                     renewing = false;

@@ -9,7 +9,6 @@
 //! problem+json response.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use http::{Request, Response};
@@ -21,6 +20,7 @@ use tokio_util::task::TaskTracker;
 use crate::body::{self, Body};
 use crate::config::Config;
 use crate::error::{self, GatewayError};
+use crate::headers::Peer;
 use crate::idempotent;
 use crate::metrics::{Metrics, Outcome, RouteMetrics};
 use crate::policy::IdempotencyPolicy;
@@ -132,7 +132,7 @@ impl Gateway {
     }
 
     /// Serves one request.
-    pub async fn handle(&self, request: Request<Incoming>, client: SocketAddr) -> Response<Body> {
+    pub async fn handle(&self, request: Request<Incoming>, peer: &Peer) -> Response<Body> {
         let Some(route) = self.router.find(request.method(), request.uri().path()) else {
             self.metrics.unmatched();
             let error =
@@ -142,12 +142,12 @@ impl Gateway {
         let result = match &route.policy {
             None => {
                 let request = request.map(body::boxed);
-                proxy::forward(&route.upstream, request, client.ip())
+                proxy::forward(&route.upstream, request, peer)
                     .await
                     .map(|r| (Outcome::PassedThrough, r))
                     .map_err(Into::into)
             }
-            Some(policy) => idempotent::handle(self, route, policy, request, client.ip()).await,
+            Some(policy) => idempotent::handle(self, route, policy, request, peer).await,
         };
         let (outcome, response) = match result {
             Ok(served) => served,

@@ -9,7 +9,6 @@
 //!   └─ Mismatch        ─▶ 422
 //! ```
 
-use std::net::IpAddr;
 use std::sync::Arc;
 
 use http::{HeaderValue, Request, Response};
@@ -21,6 +20,7 @@ use crate::error::GatewayError;
 use crate::exchange::Exchange;
 use crate::fingerprint::{self, Fingerprint};
 use crate::gateway::{Gateway, Route};
+use crate::headers::Peer;
 use crate::key::{self, KeyError};
 use crate::metrics::Outcome;
 use crate::policy::{IdempotencyPolicy, StoreFailurePolicy};
@@ -35,13 +35,13 @@ pub async fn handle(
     route: &Arc<Route>,
     policy: &Arc<IdempotencyPolicy>,
     request: Request<Incoming>,
-    client_ip: IpAddr,
+    peer: &Peer,
 ) -> Result<(Outcome, Response<Body>), GatewayError> {
     let Some(key) = key::extract(request.headers(), &policy.header, policy.max_key_len)? else {
         if policy.required {
             return Err(KeyError::Missing { header: policy.header.clone() }.into());
         }
-        let response = proxy::forward(&route.upstream, request.map(body::boxed), client_ip).await?;
+        let response = proxy::forward(&route.upstream, request.map(body::boxed), peer).await?;
         return Ok((Outcome::PassedThrough, response));
     };
     let scope = scope::derive(&policy.scope, request.headers());
@@ -59,7 +59,7 @@ pub async fn handle(
                 StoreFailurePolicy::FailClosed => Err(GatewayError::StoreUnavailable(e)),
                 StoreFailurePolicy::FailOpen => {
                     let request = Request::from_parts(parts, body::full(body));
-                    let mut response = proxy::forward(&route.upstream, request, client_ip).await?;
+                    let mut response = proxy::forward(&route.upstream, request, peer).await?;
                     response.headers_mut().insert("idempotency-status", HeaderValue::from_static("bypassed"));
                     Ok((Outcome::Bypassed, response))
                 }
@@ -70,7 +70,7 @@ pub async fn handle(
     match claim {
         Claim::Acquired(lease) => {
             tracing::debug!(route = %route.name, key = record.short(), attempt = lease.attempt(), "claimed");
-            route.upstream.prepare(&mut parts, client_ip);
+            route.upstream.prepare(&mut parts, peer);
             let exchange = Exchange {
                 route: Arc::clone(route),
                 policy: Arc::clone(policy),

@@ -3,23 +3,21 @@
 //! Neither body is buffered: the request streams to the upstream and the response streams
 //! back, so large uploads and downloads cost the gateway no memory.
 
-use std::net::IpAddr;
-
 use http::{Request, Response};
 use hyper::body::Incoming;
 
 use crate::body::{self, Body};
-use crate::headers;
+use crate::headers::{self, Peer};
 use crate::upstream::{Upstream, UpstreamError};
 
 /// Forwards `request` to `upstream` and relays the response.
 pub async fn forward(
     upstream: &Upstream,
     request: Request<Body>,
-    client_ip: IpAddr,
+    peer: &Peer,
 ) -> Result<Response<Body>, UpstreamError> {
     let (mut parts, body) = request.into_parts();
-    upstream.prepare(&mut parts, client_ip);
+    upstream.prepare(&mut parts, peer);
     let response = upstream.send(Request::from_parts(parts, body)).await?;
     Ok(relay(response))
 }

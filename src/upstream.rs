@@ -6,7 +6,6 @@
 //! `X-Forwarded-*` headers set and `Idempotency-Key` left untouched so that the upstream's
 //! own UNIQUE constraint can do its work.
 
-use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,7 +22,7 @@ use thiserror::Error;
 
 use crate::body::Body;
 use crate::config::UpstreamConfig;
-use crate::headers::{self, Forwarded};
+use crate::headers::{self, Forwarded, Peer};
 
 /// Why an exchange with the upstream failed.
 #[derive(Debug, Error)]
@@ -128,7 +127,7 @@ impl Upstream {
     }
 
     /// Turns the client's request head into the upstream's: target URI, headers.
-    pub fn prepare(&self, parts: &mut request::Parts, client_ip: IpAddr) {
+    pub fn prepare(&self, parts: &mut request::Parts, peer: &Peer) {
         let original_host: Option<HeaderValue> = parts
             .headers
             .get(http::header::HOST)
@@ -141,20 +140,23 @@ impl Upstream {
         headers::strip_hop_by_hop(&mut parts.headers);
         // Host names the upstream; the client's Host travels as X-Forwarded-Host.
         parts.headers.remove(http::header::HOST);
-        headers::set_forwarded(
-            &mut parts.headers,
-            &Forwarded { client_ip, proto: "http", host: original_host.as_ref() },
-        );
+        headers::set_forwarded(&mut parts.headers, &Forwarded { peer, proto: "http", host: original_host.as_ref() });
     }
 
     fn target(&self, original: &Uri) -> Uri {
-        let pq = original.path_and_query().map_or("/", PathAndQuery::as_str);
-        let joined = format!("{}{}", self.base_path, pq);
+        let path_and_query = match original.path_and_query() {
+            // The common case: no prefix, and the client's path-and-query is reused as parsed.
+            Some(pq) if self.base_path.is_empty() => Some(pq.clone()),
+            pq => {
+                let joined = format!("{}{}", self.base_path, pq.map_or("/", PathAndQuery::as_str));
+                // A valid path-and-query: the prefix comes from a parsed URL, the rest from one.
+                joined.parse().ok().or_else(|| pq.cloned())
+            }
+        };
         let mut parts = http::uri::Parts::default();
         parts.scheme = Some(self.scheme.clone());
         parts.authority = Some(self.authority.clone());
-        // `joined` is a valid path-and-query (prefix validated at load, rest from a parsed URI).
-        parts.path_and_query = joined.parse().ok().or_else(|| original.path_and_query().cloned());
+        parts.path_and_query = path_and_query;
         Uri::from_parts(parts).unwrap_or_else(|_| original.clone())
     }
 

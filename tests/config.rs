@@ -102,6 +102,7 @@ fn every_bad_value_is_reported_at_once() {
 listen = "localhost"
 admin_listen = "127.0.0.1:99999"
 admin_token = "short"
+worker_threads = 0
 
 [store]
 backend = "redis"
@@ -136,6 +137,7 @@ replay_header = ""
         ("server.listen", "not an IP address with a port"),
         ("server.admin_listen", "not an IP address with a port"),
         ("server.admin_token", "at least 16"),
+        ("server.worker_threads", "between 1 and 1024"),
         ("store.url", "required for the redis backend"),
         ("store.timeout", "longer than 0"),
         ("upstreams.app.url", "http:// or https://"),

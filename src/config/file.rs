@@ -41,6 +41,8 @@ pub struct ServerSection {
     pub shutdown_grace: Option<HumanDuration>,
     /// Prefix of the `type` URI of problem+json error responses; the error's slug is appended.
     pub problem_base: Option<String>,
+    /// Threads that serve requests; the number of CPUs when absent.
+    pub worker_threads: Option<usize>,
 }
 
 /// `[store]`

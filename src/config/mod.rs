@@ -46,6 +46,8 @@ pub struct ServerConfig {
     pub shutdown_grace: Duration,
     /// Prefix of problem+json `type` URIs.
     pub problem_base: String,
+    /// Runtime worker threads; `None` is one per CPU.
+    pub worker_threads: Option<usize>,
 }
 
 /// `[store]`

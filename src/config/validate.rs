@@ -90,7 +90,11 @@ fn server(s: &file::ServerSection, issues: &mut Issues) -> Option<ServerConfig> 
     if problem_base.parse::<Uri>().map_or(true, |u| u.scheme().is_none()) {
         issues.add("server.problem_base", format!("{problem_base:?} is not an absolute URI"));
     }
+    if s.worker_threads.is_some_and(|n| !(1..=1024).contains(&n)) {
+        issues.add("server.worker_threads", "must be between 1 and 1024");
+    }
     Some(ServerConfig {
+        worker_threads: s.worker_threads,
         listen: listen?,
         admin_listen,
         admin_token: s.admin_token.clone(),
