@@ -29,10 +29,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     let _ = req.into_body().collect().await;
                     let mut response = Response::new(Full::new(Bytes::from_static(ANSWER)));
                     *response.status_mut() = hyper::StatusCode::CREATED;
-                    response.headers_mut().insert("content-type", "application/json".parse().expect("static"));
+                    response
+                        .headers_mut()
+                        .insert("content-type", hyper::header::HeaderValue::from_static("application/json"));
                     Ok::<_, Infallible>(response)
                 });
-                let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+                let _ =
+                    hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
             });
         }
     })

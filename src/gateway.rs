@@ -147,7 +147,9 @@ impl Gateway {
                     .map(|r| (Outcome::PassedThrough, r))
                     .map_err(Into::into)
             }
-            Some(policy) => idempotent::handle(self, route, policy, request, peer).await,
+            // Boxed: the idempotent path's state is several times the pass-through's, and an
+            // unboxed future would make every request (and every idle connection) carry it.
+            Some(policy) => Box::pin(idempotent::handle(self, route, policy, request, peer)).await,
         };
         let (outcome, response) = match result {
             Ok(served) => served,

@@ -108,10 +108,7 @@ impl Server {
                         let client = Arc::new(Peer::new(peer));
                         let service = service_fn(move |request| {
                             let (gw, client) = (Arc::clone(&gw), Arc::clone(&client));
-                            // Boxed: hyper keeps a slot the size of the service future in every
-                            // connection, idle or not; a pointer there instead of the ~3 KiB
-                            // request path keeps idle keep-alive connections small.
-                            Box::pin(async move { Ok::<_, Infallible>(gw.handle(request, &client).await) })
+                            async move { Ok::<_, Infallible>(gw.handle(request, &client).await) }
                         });
                         let conn = builder.serve_connection(TokioIo::new(stream), service).into_owned();
                         let conn = connections.watch(conn);
