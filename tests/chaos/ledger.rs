@@ -17,10 +17,6 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
-use tokio::net::TcpListener;
 
 /// How the ledger answers.
 #[derive(Clone, Default)]
@@ -58,21 +54,8 @@ pub struct Ledger {
 
 impl Ledger {
     pub async fn start(faults: Faults) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
         let state = Arc::new(Mutex::new(State { faults, ..State::default() }));
-        let st = Arc::clone(&state);
-        tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else { continue };
-                let st = Arc::clone(&st);
-                tokio::spawn(async move {
-                    let service = service_fn(move |req| answer(Arc::clone(&st), req));
-                    let _ =
-                        auto::Builder::new(TokioExecutor::new()).serve_connection(TokioIo::new(stream), service).await;
-                });
-            }
-        });
+        let addr = crate::support::serve_http(Arc::clone(&state), answer).await;
         Self { addr, state }
     }
 

@@ -17,3 +17,32 @@ pub fn unique(prefix: &str) -> String {
     static N: AtomicUsize = AtomicUsize::new(0);
     format!("{prefix}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
 }
+
+/// Serves HTTP/1.1 and h2c on a fresh loopback port with `answer(state, request)`; returns the
+/// address. The server runs until the test's runtime ends.
+pub async fn serve_http<S, F, Fut>(state: std::sync::Arc<S>, answer: F) -> std::net::SocketAddr
+where
+    S: Send + Sync + 'static,
+    F: Fn(std::sync::Arc<S>, http::Request<hyper::body::Incoming>) -> Fut + Copy + Send + Sync + 'static,
+    Fut: std::future::Future<
+            Output = Result<http::Response<http_body_util::Full<bytes::Bytes>>, std::convert::Infallible>,
+        > + Send
+        + 'static,
+{
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else { continue };
+            let state = std::sync::Arc::clone(&state);
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |req| answer(std::sync::Arc::clone(&state), req));
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    addr
+}

@@ -13,10 +13,6 @@ use bytes::Bytes;
 use http::{HeaderMap, Request, Response};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
-use tokio::net::TcpListener;
 
 /// One request as the upstream received it.
 #[derive(Debug, Clone)]
@@ -62,21 +58,8 @@ impl TestUpstream {
     }
 
     pub async fn with(behavior: Behavior) -> Self {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
         let state = Arc::new(State { seen: Mutex::default(), behavior: Mutex::new(behavior) });
-        let st = Arc::clone(&state);
-        tokio::spawn(async move {
-            loop {
-                let Ok((stream, _)) = listener.accept().await else { continue };
-                let st = Arc::clone(&st);
-                tokio::spawn(async move {
-                    let service = service_fn(move |req| answer(Arc::clone(&st), req));
-                    let _ =
-                        auto::Builder::new(TokioExecutor::new()).serve_connection(TokioIo::new(stream), service).await;
-                });
-            }
-        });
+        let addr = super::serve_http(Arc::clone(&state), answer).await;
         Self { addr, state }
     }
 
