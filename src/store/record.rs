@@ -43,27 +43,36 @@ pub enum RecordError {
 impl StoredResponse {
     /// Encodes the response for the store.
     pub fn encode(&self) -> Bytes {
-        let header_bytes: usize = self.headers.iter().map(|(k, v)| 6 + k.as_str().len() + v.len()).sum();
-        let mut out = BytesMut::with_capacity(5 + header_bytes + self.body.len());
-        out.put_u8(VERSION);
-        out.put_u16(self.status.as_u16());
+        let mut out = BytesMut::with_capacity(self.encoded_len()).writer();
+        // Writing into memory cannot fail.
+        let _ = self.write_encoded(&mut out);
+        out.into_inner().freeze()
+    }
+
+    /// Writes the encoding to `out`, so that a caller with its own buffer (a Redis command)
+    /// gets the body copied once, straight into it.
+    pub fn write_encoded(&self, out: &mut impl std::io::Write) -> std::io::Result<()> {
         // The length fields bound what fits (65535 headers, 64 KiB names); hyper's own header
         // limits are far below that, so the filter only guards the format's invariants.
-        let headers: Vec<_> = self
-            .headers
-            .iter()
-            .filter(|(k, v)| k.as_str().len() <= usize::from(u16::MAX) && u32::try_from(v.len()).is_ok())
-            .take(usize::from(u16::MAX))
-            .collect();
-        out.put_u16(headers.len() as u16);
-        for (name, value) in headers {
-            out.put_u16(name.as_str().len() as u16);
-            out.put_slice(name.as_str().as_bytes());
-            out.put_u32(value.len() as u32);
-            out.put_slice(value.as_bytes());
+        let fits = |(k, v): &(&HeaderName, &HeaderValue)| {
+            k.as_str().len() <= usize::from(u16::MAX) && u32::try_from(v.len()).is_ok()
+        };
+        let count = self.headers.iter().filter(fits).take(usize::from(u16::MAX)).count();
+        out.write_all(&[VERSION])?;
+        out.write_all(&self.status.as_u16().to_be_bytes())?;
+        out.write_all(&(count as u16).to_be_bytes())?;
+        for (name, value) in self.headers.iter().filter(fits).take(count) {
+            out.write_all(&(name.as_str().len() as u16).to_be_bytes())?;
+            out.write_all(name.as_str().as_bytes())?;
+            out.write_all(&(value.len() as u32).to_be_bytes())?;
+            out.write_all(value.as_bytes())?;
         }
-        out.put_slice(&self.body);
-        out.freeze()
+        out.write_all(&self.body)
+    }
+
+    fn encoded_len(&self) -> usize {
+        let header_bytes: usize = self.headers.iter().map(|(k, v)| 6 + k.as_str().len() + v.len()).sum();
+        5 + header_bytes + self.body.len()
     }
 
     /// Decodes a stored record; the body shares `bytes` without copying.

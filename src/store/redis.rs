@@ -29,7 +29,7 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use prometheus_client::metrics::counter::Counter;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Cmd, ErrorKind, FromRedisValue, RedisError, Script, ServerErrorKind, Value};
+use redis::{Cmd, ErrorKind, FromRedisValue, RedisError, RedisWrite, Script, ServerErrorKind, ToRedisArgs, Value};
 use tokio::task::JoinHandle;
 
 use super::waiters::Waiters;
@@ -227,7 +227,7 @@ impl Store for RedisStore {
     ) -> Result<Settled, StoreError> {
         let reply = self
             .eval(&self.scripts.complete, &lease.key, |cmd| {
-                cmd.arg(&lease.owner.as_bytes()[..]).arg(&response.encode()[..]).arg(ms(retention)).arg(&self.channel);
+                cmd.arg(&lease.owner.as_bytes()[..]).arg(Encoded(response)).arg(ms(retention)).arg(&self.channel);
             })
             .await?;
         settled(Reply::integer(reply)?)
@@ -277,6 +277,17 @@ impl Store for RedisStore {
     async fn ping(&self) -> Result<(), StoreError> {
         let _: String = self.query(redis::cmd("PING"), None).await?;
         Ok(())
+    }
+}
+
+/// A response as a script argument, encoded straight into the command's buffer: the body is
+/// copied once, not into an intermediate record first.
+struct Encoded<'a>(&'a StoredResponse);
+
+impl ToRedisArgs for Encoded<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        // The command buffer is memory; writing to it cannot fail.
+        let _ = self.0.write_encoded(&mut out.writer_for_next_arg());
     }
 }
 
