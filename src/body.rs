@@ -7,7 +7,7 @@
 
 use bytes::Bytes;
 use http::HeaderMap;
-use http_body_util::{BodyExt, Empty, Full, Limited, combinators::UnsyncBoxBody};
+use http_body_util::{BodyExt, Full, Limited, combinators::UnsyncBoxBody};
 use thiserror::Error;
 
 /// Errors of any body, boxed.
@@ -19,11 +19,6 @@ pub type Body = UnsyncBoxBody<Bytes, BoxError>;
 /// A body holding `bytes`.
 pub fn full(bytes: impl Into<Bytes>) -> Body {
     Full::new(bytes.into()).map_err(|never| match never {}).boxed_unsync()
-}
-
-/// An empty body.
-pub fn empty() -> Body {
-    Empty::new().map_err(|never| match never {}).boxed_unsync()
 }
 
 /// Boxes any body whose errors convert into [`BoxError`].

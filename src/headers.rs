@@ -57,11 +57,6 @@ impl Peer {
         let rendered = HeaderValue::from_str(&ip.to_string()).unwrap_or(HeaderValue::from_static("unknown"));
         Self { ip, rendered }
     }
-
-    /// The client's address.
-    pub fn ip(&self) -> IpAddr {
-        self.ip
-    }
 }
 
 /// What the upstream learns about the original request.

@@ -116,11 +116,6 @@ impl Upstream {
         Ok(Self { name: config.name.clone(), scheme, authority, base_path, timeout: config.timeout, client })
     }
 
-    /// The configured name.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
     /// The deadline of one exchange.
     pub fn timeout(&self) -> Duration {
         self.timeout
