@@ -1,5 +1,3 @@
-# syntax=docker/dockerfile:1
-#
 # One image with both binaries: the gateway (`idemgate`, the default command) and the
 # example upstream (`order-service`). docker-compose.yml runs the demo stack from it.
 #

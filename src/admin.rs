@@ -5,7 +5,7 @@
 //! off unless `server.admin_token` is set, and then require `Authorization: Bearer <token>`.
 //!
 //! ```text
-//! GET    /healthz                                 200 while the process runs
+//! GET    /healthz                                 200 while the process runs (HEAD too)
 //! GET    /readyz                                  200 when the store answers and not draining
 //! GET    /metrics                                 Prometheus text format
 //! GET    /keys?route=R&key=K[&scope=VALUE]        the record of key K (JSON)
@@ -72,9 +72,15 @@ pub async fn serve(listener: TcpListener, admin: Admin, draining: CancellationTo
     }
 }
 
+/// The admin endpoints and the methods each allows (HEAD wherever GET is).
+const ENDPOINTS: [(&str, &str); 4] =
+    [("/healthz", "GET, HEAD"), ("/readyz", "GET, HEAD"), ("/metrics", "GET, HEAD"), ("/keys", "GET, HEAD, DELETE")];
+
 async fn handle(admin: &Admin, draining: &CancellationToken, request: Request<Incoming>) -> Response<Body> {
+    // HEAD is GET without the body, which hyper leaves out of the response by itself.
+    let method = if request.method() == Method::HEAD { &Method::GET } else { request.method() };
     let gw = &admin.gateway;
-    match (request.method(), request.uri().path()) {
+    match (method, request.uri().path()) {
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
         (&Method::GET, "/readyz") => {
             if draining.is_cancelled() {
@@ -103,7 +109,15 @@ async fn handle(admin: &Admin, draining: &CancellationToken, request: Request<In
             let delete = method == Method::DELETE;
             keys(gw, request.uri().query().unwrap_or(""), delete).await
         }
-        _ => problem(gw, StatusCode::NOT_FOUND, "admin-not-found", "Not found", "No such admin endpoint."),
+        (method, path) => match ENDPOINTS.iter().find(|(p, _)| *p == path) {
+            Some((_, allow)) => {
+                let detail = format!("{path} answers {allow}, not {method}.");
+                let mut r = problem(gw, StatusCode::METHOD_NOT_ALLOWED, "admin-method", "Method not allowed", &detail);
+                r.headers_mut().insert(header::ALLOW, HeaderValue::from_static(allow));
+                r
+            }
+            None => problem(gw, StatusCode::NOT_FOUND, "admin-not-found", "Not found", "No such admin endpoint."),
+        },
     }
 }
 

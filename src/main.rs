@@ -95,12 +95,13 @@ fn serve(path: &std::path::Path) -> ExitCode {
                 return ExitCode::FAILURE;
             }
         };
-        tracing::info!(
-            listen = %server.local_addr(),
-            admin = ?server.admin_addr(),
-            store = server.gateway().store.kind(),
-            "idemgate serving"
-        );
+        let admin = server.admin_addr().map_or_else(|| "none".to_owned(), |a| a.to_string());
+        tracing::info!(listen = %server.local_addr(), %admin, store = server.gateway().store.kind(), "idemgate serving");
+        // One machine-readable line on stdout: scripts that start the gateway on port 0 read
+        // the addresses it got from here instead of guessing a free port beforehand.
+        println!("idemgate listening proxy={} admin={admin}", server.local_addr());
+        let _ = std::io::Write::flush(&mut std::io::stdout());
+        server.warn_if_store_unreachable();
         server.run(shutdown_signal()).await;
         ExitCode::SUCCESS
     })

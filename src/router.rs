@@ -1,8 +1,10 @@
 //! Router: method + path pattern → route.
 //!
-//! Patterns use matchit's syntax: exact (`/orders`), a named segment (`/orders/{id}`) or a
-//! tail (`/files/{*rest}`). Several routes may share one pattern with disjoint methods
-//! (`POST /orders` idempotent, `GET /orders` pass-through).
+//! Patterns are exact (`/orders`), with a named segment (`/orders/{id}`) or with a tail
+//! (`/files/{*rest}`, which also matches `/files/` itself, so `/{*rest}` covers `/`). They
+//! are checked here, in our own words, before the path tree (matchit) sees them. Several
+//! routes may share one pattern with disjoint methods (`POST /orders` idempotent,
+//! `GET /orders` pass-through).
 //!
 //! Methods are matched before paths: there is one path tree per method named in the config
 //! (holding that method's routes and every route without `methods`), and one tree for all
@@ -17,7 +19,7 @@ use thiserror::Error;
 /// Why a set of routes cannot be compiled.
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum RouterError {
-    /// matchit refused the pattern (bad syntax, or it conflicts with another pattern).
+    /// The pattern is not valid, or it conflicts with another route's pattern.
     #[error("invalid path pattern {pattern:?}: {reason}")]
     Pattern { index: usize, pattern: String, reason: String },
     /// Two routes match the same method on the same pattern.
@@ -49,13 +51,11 @@ impl<T: Clone> Router<T> {
     pub fn new<'a>(specs: impl IntoIterator<Item = RouteSpec<'a, T>>) -> Result<Self, RouterError> {
         let specs: Vec<RouteSpec<'a, T>> = specs.into_iter().collect();
         for (index, spec) in specs.iter().enumerate() {
-            if !spec.pattern.starts_with('/') {
-                return Err(RouterError::Pattern {
-                    index,
-                    pattern: spec.pattern.to_owned(),
-                    reason: "it must start with '/'".into(),
-                });
-            }
+            check_pattern(spec.pattern).map_err(|reason| RouterError::Pattern {
+                index,
+                pattern: spec.pattern.to_owned(),
+                reason,
+            })?;
             check_overlap(index, spec, &specs[..index])?;
         }
         let mut methods: Vec<&Method> = specs.iter().flat_map(|s| s.methods.into_iter().flatten()).collect();
@@ -79,6 +79,7 @@ impl<T: Clone> Router<T> {
 fn tree<T: Clone>(specs: &[RouteSpec<'_, T>], method: Option<&Method>) -> Result<matchit::Router<T>, RouterError> {
     let explicit = |s: &RouteSpec<'_, T>| method.is_some_and(|m| s.methods.is_some_and(|ms| ms.contains(m)));
     let mut tree = matchit::Router::new();
+    let mut tails = Vec::new();
     for (index, spec) in specs.iter().enumerate() {
         let applies = explicit(spec)
             || (spec.methods.is_none() && !specs.iter().any(|o| o.pattern == spec.pattern && explicit(o)));
@@ -86,11 +87,68 @@ fn tree<T: Clone>(specs: &[RouteSpec<'_, T>], method: Option<&Method>) -> Result
             tree.insert(spec.pattern, spec.value.clone()).map_err(|e| RouterError::Pattern {
                 index,
                 pattern: spec.pattern.to_owned(),
-                reason: e.to_string(),
+                reason: conflict_reason(e),
             })?;
+            tails.extend(tail_base(spec.pattern).map(|base| (base, spec)));
         }
     }
+    // A tail matches its empty form too (`/{*rest}` matches `/`), unless a route claims that
+    // path itself: inserted last, so an explicit pattern wins.
+    for (base, spec) in tails {
+        let _ = tree.insert(base, spec.value.clone());
+    }
     Ok(tree)
+}
+
+/// For a pattern ending in a tail (`/api/{*rest}`), the path the tail leaves when empty
+/// (`/api/`).
+fn tail_base(pattern: &str) -> Option<&str> {
+    let start = pattern.rfind("/{*")?;
+    pattern.ends_with('}').then(|| &pattern[..=start])
+}
+
+/// Checks a pattern's syntax and says what is wrong in the terms of the config reference.
+fn check_pattern(pattern: &str) -> Result<(), String> {
+    if !pattern.starts_with('/') {
+        return Err("it must start with '/'".into());
+    }
+    let segments: Vec<&str> = pattern[1..].split('/').collect();
+    for (i, segment) in segments.iter().enumerate() {
+        let opens = segment.matches('{').count();
+        let closes = segment.matches('}').count();
+        if opens == 0 && closes == 0 {
+            continue;
+        }
+        let Some(inner) = segment.strip_prefix('{').and_then(|s| s.strip_suffix('}')) else {
+            return Err(format!(
+                "segment {segment:?}: a parameter takes a whole segment, written {{name}} or {{*name}}"
+            ));
+        };
+        if opens != 1 || closes != 1 {
+            return Err(format!("segment {segment:?}: one parameter per segment, written {{name}}"));
+        }
+        let (tail, name) = match inner.strip_prefix('*') {
+            Some(name) => (true, name),
+            None => (false, inner),
+        };
+        if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+            return Err(format!("segment {segment:?}: a parameter's name uses only A-Z a-z 0-9 _"));
+        }
+        if tail && i + 1 != segments.len() {
+            return Err(format!("segment {segment:?}: a tail {{*{name}}} must be the last segment"));
+        }
+    }
+    Ok(())
+}
+
+fn conflict_reason(e: matchit::InsertError) -> String {
+    match e {
+        matchit::InsertError::Conflict { with } => format!(
+            "it conflicts with the pattern {with:?} of an earlier route: the same path would match \
+             both (parameters in one position must have one name)"
+        ),
+        other => format!("it cannot be routed: {other}"),
+    }
 }
 
 fn check_overlap<T>(index: usize, new: &RouteSpec<'_, T>, earlier: &[RouteSpec<'_, T>]) -> Result<(), RouterError> {
@@ -178,7 +236,21 @@ mod tests {
         assert!(matches!(err, Some(RouterError::Pattern { index: 1, .. })), "{err:?}");
         let err = Router::new([spec("a", "orders", None)]).err();
         assert!(matches!(err, Some(RouterError::Pattern { index: 0, .. })), "{err:?}");
-        let err = Router::new([spec("a", "/orders/{id", None)]).err();
-        assert!(matches!(err, Some(RouterError::Pattern { .. })), "{err:?}");
+        for bad in ["/orders/{id", "/orders/{}", "/a/{x-y}", "/a/{*rest}/b", "/a/x{id}", "/a/{b}{c}", "/a/}"] {
+            let err = Router::new([spec("a", bad, None)]).err();
+            let Some(RouterError::Pattern { reason, .. }) = &err else { panic!("{bad}: {err:?}") };
+            assert!(reason.contains("segment") && !reason.contains("registered"), "{bad}: {reason}");
+        }
+    }
+
+    #[test]
+    fn a_tail_also_matches_its_empty_form_unless_a_route_claims_it() {
+        let r = Router::new([spec("rest", "/{*rest}", None), spec("api", "/api/{*rest}", None)]).unwrap();
+        assert_eq!(r.find(&Method::GET, "/"), Some(&"rest"));
+        assert_eq!(r.find(&Method::GET, "/api/"), Some(&"api"));
+        assert_eq!(r.find(&Method::GET, "/api/x"), Some(&"api"));
+        let r = Router::new([spec("rest", "/{*rest}", None), spec("root", "/", Some(GET))]).unwrap();
+        assert_eq!(r.find(&Method::GET, "/"), Some(&"root"));
+        assert_eq!(r.find(&Method::POST, "/"), Some(&"rest"));
     }
 }

@@ -27,6 +27,7 @@ use crate::admin::{self, Admin};
 use crate::config::Config;
 use crate::gateway::{Gateway, SetupError};
 use crate::headers::Peer;
+use crate::store::Store;
 
 /// After the grace period, how long connections get to deliver the answers of abandoned
 /// exchanges (503 shutting-down) before the process exits.
@@ -89,6 +90,23 @@ impl Server {
     /// The shared gateway state.
     pub fn gateway(&self) -> &Arc<Gateway> {
         &self.gateway
+    }
+
+    /// Logs a warning when the store does not answer at startup. The gateway serves anyway
+    /// (each route applies its `on_store_error` policy until the store answers), but an
+    /// operator who mistyped the Redis URL should hear of it now, not at the first request.
+    /// The check runs in the background, so serving does not wait for it.
+    pub fn warn_if_store_unreachable(&self) {
+        let gateway = Arc::clone(&self.gateway);
+        tokio::spawn(async move {
+            if let Err(e) = gateway.store.ping().await {
+                tracing::warn!(
+                    store = gateway.store.kind(),
+                    error = %e,
+                    "the store does not answer; idempotent routes apply on_store_error until it does"
+                );
+            }
+        });
     }
 
     /// Serves until `shutdown` completes, then drains (see the module docs).

@@ -1,8 +1,9 @@
 //! The schema of `gateway.toml`, exactly as written by the operator.
 //!
-//! Every table denies unknown keys: a misspelt `leas = "5s"` must fail loudly instead of
-//! silently running with the default lease. Values are checked further in `validate.rs`,
-//! which turns this schema into the runtime [`Config`](super::Config).
+//! Unknown keys are errors: a misspelt `leas = "5s"` must fail loudly instead of silently
+//! running with the default lease. `source.rs` collects them all (rather than serde stopping
+//! at the first), so the tables here do not deny them themselves. Values are checked further
+//! in `validate.rs`, which turns this schema into the runtime [`Config`](super::Config).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -13,7 +14,6 @@ use super::units::{HumanDuration, HumanSize};
 
 /// The whole file.
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct File {
     /// Listeners and process-wide settings.
     pub server: ServerSection,
@@ -29,7 +29,6 @@ pub struct File {
 
 /// `[server]`
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct ServerSection {
     /// Address the proxy listens on, e.g. `"0.0.0.0:8080"`.
     pub listen: String,
@@ -47,7 +46,6 @@ pub struct ServerSection {
 
 /// `[store]`
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct StoreSection {
     /// `"redis"` (shared by any number of gateways) or `"memory"` (one instance, development).
     pub backend: String,
@@ -67,7 +65,6 @@ pub struct StoreSection {
 
 /// `[upstreams.NAME]`
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct UpstreamSection {
     /// Base URL, `http://host:port` or `https://host:port`, optionally with a path prefix.
     pub url: String,
@@ -81,7 +78,6 @@ pub struct UpstreamSection {
 
 /// `[[routes]]`
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct RouteSection {
     /// Unique name; appears in metrics and logs, and is part of every record's identity.
     pub name: String,
@@ -97,7 +93,6 @@ pub struct RouteSection {
 
 /// `[routes.idempotency]`
 #[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct IdempotencySection {
     /// Reject requests without a key (400) instead of passing them through.
     pub required: Option<bool>,

@@ -6,6 +6,7 @@
 //! and validation reports all problems at once rather than the first one only.
 
 mod file;
+mod source;
 mod units;
 mod validate;
 
@@ -121,20 +122,18 @@ pub enum ConfigError {
         /// The I/O error.
         source: std::io::Error,
     },
-    /// The file is not valid TOML, or a value has the wrong type, or a key is unknown.
-    #[error("{file}: {key}{message}{location}", key = key_prefix(key))]
+    /// The file is not valid TOML; nothing after the error can be read.
+    #[error("{file}:{}: {message}", Position(*position))]
     Syntax {
         /// The file.
         file: String,
-        /// Dotted path of the key, when known.
-        key: Option<String>,
         /// What is wrong.
         message: String,
-        /// Line and column, when known.
-        location: Location,
+        /// 1-based line and column, when known.
+        position: Option<(usize, usize)>,
     },
-    /// The file parsed, but values are wrong.
-    #[error("{file}: {}", Problems(issues))]
+    /// The file is TOML, but keys or values are wrong: every problem found, in file order.
+    #[error("{}", Problems { file, issues })]
     Invalid {
         /// The file.
         file: String,
@@ -143,42 +142,47 @@ pub enum ConfigError {
     },
 }
 
-/// A line/column position in the file, printed as ` (line L, column C)` when known.
-#[derive(Debug, Default)]
-pub struct Location(Option<(usize, usize)>);
+struct Position(Option<(usize, usize)>);
 
-impl fmt::Display for Location {
+impl fmt::Display for Position {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.0 {
-            Some((line, column)) => write!(f, " (line {line}, column {column})"),
+            Some((line, column)) => write!(f, "{line}:{column}"),
             None => Ok(()),
         }
     }
 }
 
-fn key_prefix(key: &Option<String>) -> String {
-    key.as_ref().map(|k| format!("{k}: ")).unwrap_or_default()
-}
-
-/// One invalid value: the dotted key and what is wrong with it.
+/// One problem: the dotted key, what is wrong with it, and the line it is on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Issue {
     /// Dotted path such as `routes[0].idempotency.lease`.
     pub key: String,
     /// What is wrong, in words.
     pub reason: String,
+    /// 1-based line of the key (or of its table, when the key is missing).
+    pub line: Option<usize>,
 }
 
-struct Problems<'a>(&'a [Issue]);
+/// Issues printed one per line, compiler style: `FILE:LINE: KEY: REASON`.
+struct Problems<'a> {
+    file: &'a str,
+    issues: &'a [Issue],
+}
 
 impl fmt::Display for Problems<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.0 {
-            [one] => write!(f, "{}: {}", one.key, one.reason),
+        let one = |f: &mut fmt::Formatter<'_>, issue: &Issue| match issue.line {
+            Some(line) => write!(f, "{}:{line}: {}: {}", self.file, issue.key, issue.reason),
+            None => write!(f, "{}: {}: {}", self.file, issue.key, issue.reason),
+        };
+        match self.issues {
+            [issue] => one(f, issue),
             many => {
-                write!(f, "{} problems", many.len())?;
+                write!(f, "{}: {} problems", self.file, many.len())?;
                 for issue in many {
-                    write!(f, "\n  {}: {}", issue.key, issue.reason)?;
+                    f.write_str("\n  ")?;
+                    one(f, issue)?;
                 }
                 Ok(())
             }
@@ -195,40 +199,35 @@ impl Config {
     }
 
     /// Validates TOML text; `origin` names it in errors (a file path, or e.g. `"<test>"`).
+    /// Every problem is reported: unknown keys, wrongly typed values and invalid values alike.
     pub fn from_toml(text: &str, origin: &str) -> Result<Self, ConfigError> {
-        let parsed = parse(text, origin)?;
-        validate::build(parsed).map_err(|issues| ConfigError::Invalid { file: origin.to_owned(), issues })
+        let read = source::read(text).map_err(|e| ConfigError::Syntax {
+            file: origin.to_owned(),
+            message: e.message,
+            position: e.position,
+        })?;
+        let mut issues = read.issues;
+        let config = match read.file {
+            Some(file) => match validate::build(file) {
+                Ok(config) => Some(config),
+                Err(found) => {
+                    issues.extend(found.into_iter().map(|i| Issue { line: read.lines.line_of(&i.key), ..i }));
+                    None
+                }
+            },
+            None => None,
+        };
+        match config {
+            Some(config) if issues.is_empty() => Ok(config),
+            _ => {
+                issues.sort_by_key(|i| i.line.unwrap_or(usize::MAX));
+                Err(ConfigError::Invalid { file: origin.to_owned(), issues })
+            }
+        }
     }
 
     /// The route named `name`, if any.
     pub fn route(&self, name: &str) -> Option<&RouteConfig> {
         self.routes.iter().find(|r| r.name == name)
     }
-}
-
-fn parse(text: &str, origin: &str) -> Result<file::File, ConfigError> {
-    let syntax_error = |key: Option<String>, err: &toml::de::Error| ConfigError::Syntax {
-        file: origin.to_owned(),
-        key,
-        message: err.message().trim().to_owned(),
-        location: Location(err.span().map(|span| line_column(text, span.start))),
-    };
-    let deserializer = toml::Deserializer::parse(text).map_err(|e| syntax_error(None, &e))?;
-    serde_path_to_error::deserialize(deserializer).map_err(|e| {
-        let key = e.path().to_string();
-        let key = (key != ".").then_some(key);
-        syntax_error(key, e.inner())
-    })
-}
-
-/// 1-based line and column (in characters) of a byte offset.
-fn line_column(text: &str, offset: usize) -> (usize, usize) {
-    let mut end = offset.min(text.len());
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    let before = &text[..end];
-    let line = before.matches('\n').count() + 1;
-    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
-    (line, column)
 }

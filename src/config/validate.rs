@@ -52,7 +52,7 @@ struct Issues(Vec<Issue>);
 
 impl Issues {
     fn add(&mut self, key: impl Into<String>, reason: impl Into<String>) {
-        self.0.push(Issue { key: key.into(), reason: reason.into() });
+        self.0.push(Issue { key: key.into(), reason: reason.into(), line: None });
     }
 
     /// Records the error of `result` under `key` and passes the value on.

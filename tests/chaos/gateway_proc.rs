@@ -44,7 +44,7 @@ impl GatewayProc {
             panic!("gateway did not start:\n{}", log.lock().unwrap().join("\n"));
         });
         let addr = field(&line, "listen=").parse().unwrap();
-        let admin = field(&line, "admin=Some(").trim_end_matches(')').parse().unwrap();
+        let admin = field(&line, "admin=").parse().unwrap();
         Self { addr, admin, child, log, _dir: dir }
     }
 

@@ -140,6 +140,53 @@ fn dockerfile_builds_and_ships_both_binaries() {
     assert_clean("Dockerfile", check_dockerfile(&Stack::load()));
 }
 
+/// What keeps the files usable beyond the newest tools: docker-compose v1 (1.29, still shipped
+/// by some distributions) rejects top-level keys other than these, among them `name:`; and a
+/// `# syntax=` directive makes BuildKit pull a frontend image before building, which fails
+/// offline and behind registries that mirror only base images.
+fn check_portability(compose: &str, dockerfile: &str) -> Vec<String> {
+    const TOP_LEVEL: [&str; 6] = ["version", "services", "volumes", "networks", "secrets", "configs"];
+    let mut problems = Vec::new();
+    match serde_yaml_ng::from_str::<Value>(compose) {
+        Ok(Value::Mapping(doc)) => {
+            for key in doc.keys().filter_map(Value::as_str) {
+                if !TOP_LEVEL.contains(&key) && !key.starts_with("x-") {
+                    problems.push(format!("{COMPOSE_FILE}: top-level `{key}:` is rejected by docker-compose v1"));
+                }
+            }
+        }
+        other => problems.push(format!("{COMPOSE_FILE}: not a YAML mapping: {other:?}")),
+    }
+    // Parser directives are `# key=value` comments before anything else in the file.
+    for line in dockerfile.lines().take_while(|l| l.starts_with('#')) {
+        let directive = line.trim_start_matches('#').trim().to_ascii_lowercase();
+        if directive.starts_with("syntax=") {
+            problems.push(format!("Dockerfile: `{line}` makes BuildKit fetch a frontend image before building"));
+        }
+    }
+    problems
+}
+
+fn read_repo_file(file: &str) -> String {
+    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(file)).unwrap()
+}
+
+#[test]
+fn compose_file_works_with_compose_v1_and_dockerfile_builds_offline() {
+    assert_clean("portability", check_portability(&read_repo_file(COMPOSE_FILE), &read_repo_file("Dockerfile")));
+}
+
+#[test]
+fn broken_portability_is_caught() {
+    let dockerfile = read_repo_file("Dockerfile");
+    let compose = read_repo_file(COMPOSE_FILE);
+    assert_caught(check_portability(&format!("name: demo\n{compose}"), &dockerfile), "top-level `name:`");
+    assert_caught(
+        check_portability(&compose, &format!("# syntax=docker/dockerfile:1\n{dockerfile}")),
+        "fetch a frontend image",
+    );
+}
+
 // The checkers catch rot: in-memory mutations of the real files
 
 /// The real file with the first `from` replaced by `to` (which must be there, so a

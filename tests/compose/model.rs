@@ -231,7 +231,7 @@ impl Stack {
                     Ok(config.server.admin_listen.iter().chain([&config.server.listen]).map(|a| a.port()).collect())
                 }
                 ORDERS_BIN => Ok(BTreeSet::from([split_host_port(&orders_listen(&argv))?.1])),
-                other => Err(format!("runs `{other}`, whose ports tests/compose.rs does not know")),
+                other => Err(format!("runs `{other}`, whose ports tests/compose/ does not know")),
             };
         }
         let image = svc.image.as_deref().unwrap_or_default();
@@ -244,7 +244,7 @@ impl Stack {
         if image.starts_with("postgres:") {
             return Ok(BTreeSet::from([svc.environment.get("PGPORT").and_then(|p| p.parse().ok()).unwrap_or(5432)]));
         }
-        Err(format!("image `{image}`: tests/compose.rs does not know which ports it listens on"))
+        Err(format!("image `{image}`: tests/compose/ does not know which ports it listens on"))
     }
 }
 

@@ -1,5 +1,10 @@
 //! A private `redis-server` on a free loopback port, killed when the test process exits
 //! (see `process.rs`).
+//!
+//! redis-server cannot bind port 0 and report the port it got, so a port is picked first; it
+//! may be taken before redis-server binds it (the kernel hands such ports to outgoing
+//! connections). A server is only used once it is up and answering as *this* child process
+//! (`INFO server`'s `process_id`), and a start that lost its port is retried on another.
 
 use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
@@ -22,26 +27,40 @@ impl RedisServer {
 
     /// A server of the test's own (for tests that stop it).
     pub fn start() -> RedisServer {
-        let port = free_port();
-        let server = RedisServer { port, child: Mutex::new(None) };
-        server.launch();
-        server
+        for _ in 0..10 {
+            let server = RedisServer { port: free_port(), child: Mutex::new(None) };
+            if server.launch() {
+                return server;
+            }
+        }
+        panic!("redis-server did not start on any of 10 ports");
     }
 
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
-    fn launch(&self) {
+    /// Starts redis-server on `self.port`; false when it exited (its port was taken).
+    fn launch(&self) -> bool {
         let mut cmd = Command::new("redis-server");
         cmd.args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .args(["--protected-mode", "no", "--loglevel", "warning"])
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        let child = spawn_tied(cmd).expect("redis-server must be on PATH (it is installed by .ci/run)");
-        *self.child.lock().unwrap() = Some(child);
-        let port = self.port;
-        wait_until(|| ping(port), "redis-server to answer PING");
+        let mut child = spawn_tied(cmd).expect("redis-server must be on PATH (it is installed by .ci/run)");
+        let pid = child.id();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(Some(_)) = child.try_wait() {
+                return false;
+            }
+            if answering_pid(self.port) == Some(pid) {
+                *self.child.lock().unwrap() = Some(child);
+                return true;
+            }
+            assert!(Instant::now() < deadline, "timed out waiting for redis-server on port {}", self.port);
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Kills the server; its data is gone (it keeps nothing on disk).
@@ -53,10 +72,17 @@ impl RedisServer {
         wait_until(|| !ping(self.port), "redis-server to stop");
     }
 
-    /// Starts the server again on the same port, empty.
+    /// Starts the server again on the same port, empty. The port was ours a moment ago;
+    /// should something take it meanwhile, the test cannot go on and says so.
     pub fn restart(&self) {
         self.stop();
-        self.launch();
+        for _ in 0..50 {
+            if self.launch() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("redis-server could not get port {} back", self.port);
     }
 
     /// A synchronous connection, for assertions on what Redis holds.
@@ -76,6 +102,14 @@ impl Drop for RedisServer {
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// The `process_id` of the redis-server answering on `port`, if one does.
+fn answering_pid(port: u16) -> Option<u32> {
+    let client = ::redis::Client::open(format!("redis://127.0.0.1:{port}")).ok()?;
+    let mut conn = client.get_connection_with_timeout(Duration::from_millis(200)).ok()?;
+    let info: String = ::redis::cmd("INFO").arg("server").query(&mut conn).ok()?;
+    info.lines().find_map(|l| l.strip_prefix("process_id:")).and_then(|p| p.trim().parse().ok())
 }
 
 fn ping(port: u16) -> bool {

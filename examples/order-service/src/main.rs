@@ -60,6 +60,9 @@ async fn run(args: Args) -> Result<(), StartupError> {
         .map_err(|source| StartupError::Bind { addr: args.listen.clone(), source })?;
     let addr = listener.local_addr().map_err(|source| StartupError::Bind { addr: args.listen, source })?;
     tracing::info!(backend = db.backend(), "listening on {addr}");
+    // One machine-readable line on stdout, for scripts that start the service on port 0.
+    println!("order-service listening listen={addr}");
+    let _ = std::io::Write::flush(&mut std::io::stdout());
     serve(listener, db, shutdown).await?;
     tracing::info!("shut down cleanly");
     Ok(())

@@ -1,0 +1,250 @@
+//! Reading the text of `gateway.toml` into its schema, collecting every problem on the way.
+//!
+//! An operator fixing a file should see everything that is wrong with it in one run of
+//! `idemgate check`. So the file is not deserialized in one go (which stops at the first bad
+//! value): each section (`[server]`, `[store]`, every upstream and every route) is read on its
+//! own, unknown keys are collected instead of aborting, and every problem gets the line it is
+//! on. Only invalid TOML itself stops reading, since nothing after it can be trusted.
+
+use std::collections::BTreeMap;
+
+use serde::de::DeserializeOwned;
+use toml::de::{DeTable, DeValue};
+
+use super::Issue;
+use super::file::{File, RouteSection, ServerSection, StoreSection, UpstreamSection};
+
+/// The sections a file may have.
+const SECTIONS: [&str; 4] = ["server", "store", "upstreams", "routes"];
+
+/// Where each key of a file is, by dotted path (`routes[0].idempotency.lease`).
+#[derive(Debug, Default)]
+pub struct Lines(BTreeMap<String, usize>);
+
+impl Lines {
+    /// Indexes every key of a parsed file.
+    fn index(text: &str, table: &DeTable<'_>) -> Self {
+        let mut lines = Self::default();
+        let starts = LineStarts::new(text);
+        lines.walk_table("", table, &starts);
+        lines
+    }
+
+    fn walk_table(&mut self, prefix: &str, table: &DeTable<'_>, starts: &LineStarts) {
+        for (key, value) in table {
+            let path =
+                if prefix.is_empty() { key.get_ref().to_string() } else { format!("{prefix}.{}", key.get_ref()) };
+            self.0.insert(path.clone(), starts.line_of(key.span().start));
+            self.walk_value(&path, value.get_ref(), starts);
+        }
+    }
+
+    fn walk_value(&mut self, path: &str, value: &DeValue<'_>, starts: &LineStarts) {
+        match value {
+            DeValue::Table(table) => self.walk_table(path, table, starts),
+            DeValue::Array(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    let path = format!("{path}[{i}]");
+                    self.0.entry(path.clone()).or_insert_with(|| starts.line_of(item.span().start));
+                    self.walk_value(&path, item.get_ref(), starts);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// The line of `path`, or of the nearest enclosing key that is in the file (a missing
+    /// `store.url` is reported on the line of `[store]`).
+    pub fn line_of(&self, path: &str) -> Option<usize> {
+        let mut path = path;
+        loop {
+            if let Some(line) = self.0.get(path) {
+                return Some(*line);
+            }
+            let cut = path.rfind(['.', '['])?;
+            path = &path[..cut];
+        }
+    }
+}
+
+/// Byte offsets of line starts, for turning spans into 1-based line numbers.
+struct LineStarts(Vec<usize>);
+
+impl LineStarts {
+    fn new(text: &str) -> Self {
+        Self(std::iter::once(0).chain(text.match_indices('\n').map(|(i, _)| i + 1)).collect())
+    }
+
+    fn line_of(&self, offset: usize) -> usize {
+        self.0.partition_point(|&start| start <= offset).max(1)
+    }
+}
+
+/// Invalid TOML: the message and its 1-based line and column.
+#[derive(Debug)]
+pub struct SyntaxError {
+    pub message: String,
+    pub position: Option<(usize, usize)>,
+}
+
+/// What reading a file gave: its schema (when every section could be read) and where its
+/// keys are. Problems found on the way are in `issues`, each with its line.
+pub struct Read {
+    pub file: Option<File>,
+    pub lines: Lines,
+    pub issues: Vec<Issue>,
+}
+
+/// Reads `text`; only invalid TOML is an error, every other problem lands in `Read::issues`.
+pub fn read(text: &str) -> Result<Read, SyntaxError> {
+    let syntax = |e: &toml::de::Error| SyntaxError {
+        message: e.message().trim().to_owned(),
+        position: e.span().map(|span| line_column(text, span.start)),
+    };
+    let spanned = DeTable::parse(text).map_err(|e| syntax(&e))?;
+    let table: toml::Table = toml::from_str(text).map_err(|e| syntax(&e))?;
+    let lines = Lines::index(text, spanned.get_ref());
+    let mut reader = Reader { lines, issues: Vec::new() };
+
+    for key in table.keys().filter(|k| !SECTIONS.contains(&k.as_str())) {
+        reader.issue(key.clone(), format!("unknown section; a file has {}", SECTIONS.join(", ")));
+    }
+    let server = reader.section::<ServerSection>("server", table.get("server"));
+    let store = reader.section::<StoreSection>("store", table.get("store"));
+    let upstreams = reader.upstreams(table.get("upstreams"));
+    let routes = reader.routes(table.get("routes"));
+    let file = match (server, store, upstreams, routes) {
+        (Some(server), Some(store), Some(upstreams), Some(routes)) => Some(File { server, store, upstreams, routes }),
+        _ => None,
+    };
+    Ok(Read { file, lines: reader.lines, issues: reader.issues })
+}
+
+struct Reader {
+    lines: Lines,
+    issues: Vec<Issue>,
+}
+
+impl Reader {
+    fn issue(&mut self, key: String, reason: String) {
+        let line = self.lines.line_of(&key);
+        self.issues.push(Issue { key, reason, line });
+    }
+
+    /// Reads one required table.
+    fn section<T: DeserializeOwned>(&mut self, key: &str, value: Option<&toml::Value>) -> Option<T> {
+        let Some(value) = value else {
+            self.issue(key.to_owned(), format!("the [{key}] table is missing"));
+            return None;
+        };
+        self.value(key, value.clone())
+    }
+
+    fn upstreams(&mut self, value: Option<&toml::Value>) -> Option<BTreeMap<String, UpstreamSection>> {
+        let Some(value) = value else { return Some(BTreeMap::new()) };
+        let Some(table) = value.as_table() else {
+            self.issue("upstreams".into(), "must be a table of [upstreams.NAME] tables".into());
+            return None;
+        };
+        let mut out = BTreeMap::new();
+        let mut ok = true;
+        for (name, section) in table {
+            match self.value::<UpstreamSection>(&format!("upstreams.{name}"), section.clone()) {
+                Some(s) => {
+                    out.insert(name.clone(), s);
+                }
+                None => ok = false,
+            }
+        }
+        ok.then_some(out)
+    }
+
+    fn routes(&mut self, value: Option<&toml::Value>) -> Option<Vec<RouteSection>> {
+        let Some(value) = value else { return Some(Vec::new()) };
+        let Some(items) = value.as_array() else {
+            self.issue("routes".into(), "must be an array of [[routes]] tables".into());
+            return None;
+        };
+        let mut out = Vec::with_capacity(items.len());
+        let mut ok = true;
+        for (i, item) in items.iter().enumerate() {
+            match self.value::<RouteSection>(&format!("routes[{i}]"), item.clone()) {
+                Some(r) => out.push(r),
+                None => ok = false,
+            }
+        }
+        ok.then_some(out)
+    }
+
+    /// Deserializes one section; its unknown keys and its first wrongly typed value become
+    /// issues under `prefix`.
+    fn value<T: DeserializeOwned>(&mut self, prefix: &str, value: toml::Value) -> Option<T> {
+        let mut unknown = Vec::new();
+        let mut track = serde_path_to_error::Track::new();
+        let result = {
+            let tracked = serde_path_to_error::Deserializer::new(value, &mut track);
+            serde_ignored::deserialize(tracked, |path| unknown.push(join(prefix, &ignored_path(&path))))
+        };
+        for key in unknown {
+            self.issue(key, "unknown key (misspelt? docs/configuration.md lists every key)".into());
+        }
+        match result {
+            Ok(section) => Some(section),
+            Err(e) => {
+                let path = track.path().to_string();
+                let key = if path == "." { prefix.to_owned() } else { join(prefix, &path) };
+                self.issue(key, e.message().trim().to_owned());
+                None
+            }
+        }
+    }
+}
+
+fn join(prefix: &str, path: &str) -> String {
+    if path.starts_with('[') { format!("{prefix}{path}") } else { format!("{prefix}.{path}") }
+}
+
+/// `serde_ignored`'s path in this module's notation (`idempotency.ignore[2]`).
+fn ignored_path(path: &serde_ignored::Path<'_>) -> String {
+    use serde_ignored::Path;
+    match path {
+        Path::Root => String::new(),
+        Path::Seq { parent, index } => format!("{}[{index}]", ignored_path(parent)),
+        Path::Map { parent, key } => {
+            let parent = ignored_path(parent);
+            if parent.is_empty() { key.clone() } else { format!("{parent}.{key}") }
+        }
+        Path::Some { parent } | Path::NewtypeStruct { parent } | Path::NewtypeVariant { parent } => {
+            ignored_path(parent)
+        }
+    }
+}
+
+/// 1-based line and column (in characters) of a byte offset.
+fn line_column(text: &str, offset: usize) -> (usize, usize) {
+    let mut end = offset.min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    let before = &text[..end];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    (line, column)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_fall_back_to_the_enclosing_key() {
+        let text = "[server]\nlisten = \"x\"\n\n[[routes]]\nname = \"a\"\n[routes.idempotency]\nlease = \"1s\"\n";
+        let table = DeTable::parse(text).unwrap();
+        let lines = Lines::index(text, table.get_ref());
+        assert_eq!(lines.line_of("server.listen"), Some(2));
+        assert_eq!(lines.line_of("server.admin_listen"), Some(1));
+        assert_eq!(lines.line_of("routes[0].idempotency.lease"), Some(7));
+        assert_eq!(lines.line_of("routes[0].idempotency.wait"), Some(6));
+        assert_eq!(lines.line_of("upstreams.x.url"), None);
+    }
+}
