@@ -31,8 +31,8 @@ use tokio_util::sync::CancellationToken;
 use crate::body::{self, Body};
 use crate::error::admin_problem;
 use crate::gateway::Gateway;
-use crate::key;
-use crate::scope::{self, ScopeSource};
+use crate::idempotent::key;
+use crate::idempotent::scope::{self, ScopeSource};
 use crate::store::{Entry, RecordKey, Store};
 
 /// The admin service's shared state.

@@ -12,7 +12,7 @@ use serde::Serialize;
 use thiserror::Error;
 
 use crate::body::{self, Body, BodyError};
-use crate::key::KeyError;
+use crate::idempotent::key::KeyError;
 use crate::store::StoreError;
 use crate::upstream::UpstreamError;
 

@@ -22,9 +22,9 @@ use crate::config::Config;
 use crate::error::{self, GatewayError};
 use crate::headers::Peer;
 use crate::idempotent;
-use crate::metrics::{Metrics, Outcome, RouteMetrics};
-use crate::policy::IdempotencyPolicy;
+use crate::metrics::{Metrics, Outcome};
 use crate::proxy;
+use crate::route::Route;
 use crate::router::{RouteSpec, Router, RouterError};
 use crate::store::{Backend, StoreError};
 use crate::upstream::{Upstream, UpstreamSetupError};
@@ -49,18 +49,6 @@ pub enum SetupError {
         /// The upstream it names.
         upstream: String,
     },
-}
-
-/// One route at run time.
-pub struct Route {
-    /// Route name.
-    pub name: String,
-    /// Where it forwards.
-    pub upstream: Arc<Upstream>,
-    /// Its idempotency policy; `None` for a plain proxy route.
-    pub policy: Option<Arc<IdempotencyPolicy>>,
-    /// Its counters.
-    pub metrics: RouteMetrics,
 }
 
 /// Everything the request path needs, shared by all connections.

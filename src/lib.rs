@@ -10,39 +10,36 @@
 //! - [`gateway`]: runtime state built from the config, routing, outcome counting;
 //! - [`router`]: method + path pattern → route;
 //! - [`proxy`]: streaming pass-through for routes without idempotency;
-//! - [`idempotent`]: the idempotent path, step by step, as in DESIGN.md:
-//!   - [`key`]: reading the `Idempotency-Key` header;
-//!   - [`scope`]: whose key it is;
+//! - [`route`]: a route at run time (upstream, policy, counters);
+//! - [`idempotent`]: the idempotent path, one module per step, in the order of
+//!   docs/architecture.md:
+//!   - [`idempotent::key`]: reading the `Idempotency-Key` header;
+//!   - [`idempotent::scope`]: whose key it is;
 //!   - [`body`]: bounded reading of the request body (and the shared body type);
-//!   - [`fingerprint`]: what makes two requests the same request;
+//!   - [`idempotent::fingerprint`]: what makes two requests the same request;
 //!   - [`store`]: claim, renew, complete, release (Redis with Lua, or memory);
-//!   - [`exchange`]: the detached upstream call with lease renewal;
-//!   - [`capture`]: buffering the upstream response for storage;
-//!   - [`replay`]: answering retries from the store;
+//!   - [`idempotent::exchange`]: the detached upstream call with lease renewal;
+//!   - [`idempotent::capture`]: buffering the upstream response for storage;
+//!   - [`idempotent::replay`]: answering retries from the store;
+//!   - [`idempotent::policy`]: a route's `[routes.idempotency]`, parsed;
 //! - [`upstream`]: pooled http/https clients and request preparation;
 //! - [`headers`]: hop-by-hop stripping, X-Forwarded-*, what may be stored;
 //! - [`error`]: every error, mapped to problem+json in one place;
 //! - [`admin`]: health, readiness, metrics, key inspect/purge;
 //! - [`metrics`]: Prometheus counters;
-//! - [`config`] and [`policy`]: `gateway.toml`, validated into runtime types.
+//! - [`config`]: `gateway.toml`, validated into runtime types.
 
 pub mod admin;
 pub mod body;
-pub mod capture;
 pub mod config;
 pub mod error;
-pub mod exchange;
-pub mod fingerprint;
 pub mod gateway;
 pub mod headers;
 pub mod idempotent;
-pub mod key;
 pub mod metrics;
-pub mod policy;
 pub mod proxy;
-pub mod replay;
+pub mod route;
 pub mod router;
-pub mod scope;
 pub mod server;
 pub mod store;
 pub mod upstream;

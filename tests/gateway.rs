@@ -7,9 +7,9 @@ mod support;
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderValue, Method};
-use idemgate::fingerprint::Fingerprint;
-use idemgate::key;
-use idemgate::scope;
+use idemgate::idempotent::fingerprint::Fingerprint;
+use idemgate::idempotent::key;
+use idemgate::idempotent::scope;
 use idemgate::store::{Claim, Entry, RecordKey, Store};
 use support::client::{Client, Reply};
 use support::gateway::{StoreKind, TestGateway, config};
@@ -592,7 +592,7 @@ fn fingerprint_of(gw: &TestGateway, raw_key: &str, body: &str) -> Fingerprint {
         .header("idempotency-key", raw_key)
         .body(())
         .unwrap();
-    idemgate::fingerprint::compute("orders", &policy.fingerprint, &req.into_parts().0, body.as_bytes())
+    idemgate::idempotent::fingerprint::compute("orders", &policy.fingerprint, &req.into_parts().0, body.as_bytes())
 }
 
 fn evalsha_calls(redis: &RedisServer) -> u64 {

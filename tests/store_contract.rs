@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode};
-use idemgate::fingerprint::Fingerprint;
-use idemgate::key;
-use idemgate::scope::{self, ScopeSource};
+use idemgate::idempotent::fingerprint::Fingerprint;
+use idemgate::idempotent::key;
+use idemgate::idempotent::scope::{self, ScopeSource};
 use idemgate::store::{
     Backend, Claim, Entry, MemoryStore, RecordKey, RedisStore, Renewal, Settled, Store, StoredResponse,
 };

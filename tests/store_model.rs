@@ -32,9 +32,9 @@ use std::time::{Duration, Instant as RealInstant};
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode};
-use idemgate::fingerprint::Fingerprint;
-use idemgate::key;
-use idemgate::scope::{self, ScopeSource};
+use idemgate::idempotent::fingerprint::Fingerprint;
+use idemgate::idempotent::key;
+use idemgate::idempotent::scope::{self, ScopeSource};
 use idemgate::store::{
     Claim, Entry, Lease, MemoryStore, RecordKey, RedisStore, Renewal, Settled, Store, StoredResponse,
 };

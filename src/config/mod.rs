@@ -19,7 +19,7 @@ use std::time::Duration;
 use http::{Method, Uri};
 use thiserror::Error;
 
-use crate::policy::IdempotencyPolicy;
+use crate::idempotent::policy::IdempotencyPolicy;
 
 /// The validated configuration of one gateway process.
 #[derive(Debug, Clone)]

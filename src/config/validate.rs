@@ -13,11 +13,11 @@ use http::{HeaderName, Method, Uri};
 use super::file::{self, File, IdempotencySection, StatusEntry};
 use super::units::{HumanDuration, HumanSize};
 use super::{Config, Issue, RouteConfig, ServerConfig, StoreBackendConfig, StoreConfig, UpstreamConfig};
-use crate::fingerprint::{FingerprintSpec, JsonPointer};
 use crate::headers;
-use crate::policy::{IdempotencyPolicy, StatusSet, StoreFailurePolicy};
+use crate::idempotent::fingerprint::{FingerprintSpec, JsonPointer};
+use crate::idempotent::policy::{IdempotencyPolicy, StatusSet, StoreFailurePolicy};
+use crate::idempotent::scope::ScopeSource;
 use crate::router::{RouteSpec, Router, RouterError};
-use crate::scope::ScopeSource;
 
 /// Defaults, in one place so that docs/configuration.md can be checked against them.
 pub mod defaults {

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use super::waiters::Waiters;
 use super::{Claim, Entry, Lease, OwnerToken, RecordKey, Renewal, Settled, Store, StoreError, StoredResponse, Watch};
-use crate::fingerprint::Fingerprint;
+use crate::idempotent::fingerprint::Fingerprint;
 
 /// The in-process store.
 pub struct MemoryStore {

@@ -32,9 +32,9 @@ pub use self::redis::RedisStore;
 pub use self::waiters::Watch;
 
 use crate::config::{StoreBackendConfig, StoreConfig};
-use crate::fingerprint::Fingerprint;
-use crate::key::IdempotencyKey;
-use crate::scope::Scope;
+use crate::idempotent::fingerprint::Fingerprint;
+use crate::idempotent::key::IdempotencyKey;
+use crate::idempotent::scope::Scope;
 
 /// The store's name for one (route, scope, key): a hash, so that client input never lands in
 /// a Redis key name (no injection, no steering of cluster hash slots).

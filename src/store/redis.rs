@@ -34,7 +34,7 @@ use tokio::task::JoinHandle;
 
 use super::waiters::Waiters;
 use super::{Claim, Entry, Lease, OwnerToken, RecordKey, Renewal, Settled, Store, StoreError, StoredResponse, Watch};
-use crate::fingerprint::Fingerprint;
+use crate::idempotent::fingerprint::Fingerprint;
 
 /// How often a waiter re-reads its key while the subscription is up (a lost message costs at
 /// most this much extra wait) and while it is down.

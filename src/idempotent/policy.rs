@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use http::{HeaderName, StatusCode};
 
-use crate::fingerprint::FingerprintSpec;
-use crate::scope::ScopeSource;
+use crate::idempotent::fingerprint::FingerprintSpec;
+use crate::idempotent::scope::ScopeSource;
 
 /// What an idempotent route does, per request.
 #[derive(Debug, Clone)]

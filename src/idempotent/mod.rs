@@ -1,4 +1,5 @@
-//! The idempotent request path, in the order of DESIGN.md:
+//! The idempotent request path. [`handle`] strings the steps together in this order, one
+//! module per step:
 //!
 //! ```text
 //! key ─▶ scope ─▶ bounded body ─▶ fingerprint ─▶ store.claim ─┐
@@ -9,6 +10,14 @@
 //!   └─ Mismatch        ─▶ 422
 //! ```
 
+pub mod capture;
+pub mod exchange;
+pub mod fingerprint;
+pub mod key;
+pub mod policy;
+pub mod replay;
+pub mod scope;
+
 use std::sync::Arc;
 
 use http::{HeaderValue, Request, Response};
@@ -17,17 +26,17 @@ use tokio::time::Instant;
 
 use crate::body::{self, Body};
 use crate::error::GatewayError;
-use crate::exchange::Exchange;
-use crate::fingerprint::{self, Fingerprint};
-use crate::gateway::{Gateway, Route};
+use crate::gateway::Gateway;
 use crate::headers::Peer;
-use crate::key::{self, KeyError};
 use crate::metrics::Outcome;
-use crate::policy::{IdempotencyPolicy, StoreFailurePolicy};
 use crate::proxy;
-use crate::replay;
-use crate::scope;
+use crate::route::Route;
 use crate::store::{Claim, RecordKey, Store, StoreError, Watch};
+
+use self::exchange::Exchange;
+use self::fingerprint::Fingerprint;
+use self::key::KeyError;
+use self::policy::{IdempotencyPolicy, StoreFailurePolicy};
 
 /// Serves one request on an idempotent route.
 pub async fn handle(

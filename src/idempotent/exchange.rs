@@ -18,12 +18,12 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::body::{self, Body};
-use crate::capture::{self, Captured};
 use crate::error::GatewayError;
-use crate::gateway::Route;
 use crate::headers;
+use crate::idempotent::capture::{self, Captured};
+use crate::idempotent::policy::IdempotencyPolicy;
 use crate::metrics::ReleaseReason;
-use crate::policy::IdempotencyPolicy;
+use crate::route::Route;
 use crate::store::{Backend, Lease, Renewal, Settled, Store, StoreError, StoredResponse};
 use crate::upstream::UpstreamError;
 
