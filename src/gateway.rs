@@ -8,10 +8,12 @@
 //! Whatever happens below, this is where the outcome is counted and an error becomes its
 //! problem+json response.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use http::{Request, Response};
+use http::uri::PathAndQuery;
+use http::{Request, Response, Uri};
 use hyper::body::Incoming;
 use thiserror::Error;
 use tokio_util::sync::CancellationToken;
@@ -23,6 +25,7 @@ use crate::error::{self, GatewayError};
 use crate::headers::Peer;
 use crate::idempotent;
 use crate::metrics::{Metrics, Outcome};
+use crate::path;
 use crate::proxy;
 use crate::route::Route;
 use crate::router::{RouteSpec, Router, RouterError};
@@ -120,7 +123,8 @@ impl Gateway {
     }
 
     /// Serves one request.
-    pub async fn handle(&self, request: Request<Incoming>, peer: &Peer) -> Response<Body> {
+    pub async fn handle(&self, mut request: Request<Incoming>, peer: &Peer) -> Response<Body> {
+        normalize_path(&mut request);
         let Some(route) = self.router.find(request.method(), request.uri().path()) else {
             self.metrics.unmatched();
             let error =
@@ -148,6 +152,25 @@ impl Gateway {
         };
         route.metrics.outcome(outcome);
         response
+    }
+}
+
+/// Replaces the request's path by its normal form (see [`path`]), which the router matches and
+/// the upstream receives, so that no spelling of a path reaches another route than its own.
+fn normalize_path<B>(request: &mut Request<B>) {
+    let Cow::Owned(normal) = path::normalize(request.uri().path()) else { return };
+    let target = match request.uri().query() {
+        Some(query) => format!("{normal}?{query}"),
+        None => normal,
+    };
+    let mut parts = request.uri().clone().into_parts();
+    // A normalised path of a valid path is valid: it only loses characters or decodes
+    // unreserved ones. Should parsing fail anyway, the request keeps its original path.
+    if let Ok(pq) = target.parse::<PathAndQuery>() {
+        parts.path_and_query = Some(pq);
+        if let Ok(uri) = Uri::from_parts(parts) {
+            *request.uri_mut() = uri;
+        }
     }
 }
 

@@ -8,6 +8,7 @@
 //!
 //! - [`server`]: listeners, HTTP/1.1 + h2c connections, graceful shutdown;
 //! - [`gateway`]: runtime state built from the config, routing, outcome counting;
+//! - [`path`]: path normalisation before routing (`//`, `.`, `..`, `%6f`);
 //! - [`router`]: method + path pattern → route;
 //! - [`proxy`]: streaming pass-through for routes without idempotency;
 //! - [`route`]: a route at run time (upstream, policy, counters);
@@ -37,6 +38,7 @@ pub mod gateway;
 pub mod headers;
 pub mod idempotent;
 pub mod metrics;
+pub mod path;
 pub mod proxy;
 pub mod route;
 pub mod router;

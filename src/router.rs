@@ -1,7 +1,10 @@
 //! Router: method + path pattern → route.
 //!
 //! Patterns are exact (`/orders`), with a named segment (`/orders/{id}`) or with a tail
-//! (`/files/{*rest}`, which also matches `/files/` itself, so `/{*rest}` covers `/`). They
+//! (`/files/{*rest}`, which also matches `/files/` itself, so `/{*rest}` covers `/`). A path
+//! with a trailing slash matches the route of the same path without it (`/orders/` is
+//! `/orders`): upstreams mostly treat the two alike, so an idempotent route must too. Paths
+//! reach the router normalised (see [`crate::path`]). They
 //! are checked here, in our own words, before the path tree (matchit) sees them. Several
 //! routes may share one pattern with disjoint methods (`POST /orders` idempotent,
 //! `GET /orders` pass-through).
@@ -79,7 +82,7 @@ impl<T: Clone> Router<T> {
 fn tree<T: Clone>(specs: &[RouteSpec<'_, T>], method: Option<&Method>) -> Result<matchit::Router<T>, RouterError> {
     let explicit = |s: &RouteSpec<'_, T>| method.is_some_and(|m| s.methods.is_some_and(|ms| ms.contains(m)));
     let mut tree = matchit::Router::new();
-    let mut tails = Vec::new();
+    let mut implied = Vec::new();
     for (index, spec) in specs.iter().enumerate() {
         let applies = explicit(spec)
             || (spec.methods.is_none() && !specs.iter().any(|o| o.pattern == spec.pattern && explicit(o)));
@@ -89,22 +92,24 @@ fn tree<T: Clone>(specs: &[RouteSpec<'_, T>], method: Option<&Method>) -> Result
                 pattern: spec.pattern.to_owned(),
                 reason: conflict_reason(e),
             })?;
-            tails.extend(tail_base(spec.pattern).map(|base| (base, spec)));
+            implied.extend(implied_pattern(spec.pattern).map(|pattern| (pattern, spec)));
         }
     }
-    // A tail matches its empty form too (`/{*rest}` matches `/`), unless a route claims that
-    // path itself: inserted last, so an explicit pattern wins.
-    for (base, spec) in tails {
-        let _ = tree.insert(base, spec.value.clone());
+    // What a pattern implies (`/orders/` for `/orders`, `/` for `/{*rest}`) goes in last and
+    // only where no route claims that path itself: an explicit pattern always wins.
+    for (pattern, spec) in implied {
+        let _ = tree.insert(pattern, spec.value.clone());
     }
     Ok(tree)
 }
 
-/// For a pattern ending in a tail (`/api/{*rest}`), the path the tail leaves when empty
-/// (`/api/`).
-fn tail_base(pattern: &str) -> Option<&str> {
-    let start = pattern.rfind("/{*")?;
-    pattern.ends_with('}').then(|| &pattern[..=start])
+/// The other spelling a pattern matches: for a tail (`/api/{*rest}`), its empty form
+/// (`/api/`); for any other pattern but `/`, the same with a trailing slash (`/orders/`).
+fn implied_pattern(pattern: &str) -> Option<String> {
+    if let Some(start) = pattern.rfind("/{*") {
+        return Some(pattern[..=start].to_owned());
+    }
+    (pattern != "/" && !pattern.ends_with('/')).then(|| format!("{pattern}/"))
 }
 
 /// Checks a pattern's syntax and says what is wrong in the terms of the config reference.
@@ -241,6 +246,23 @@ mod tests {
             let Some(RouterError::Pattern { reason, .. }) = &err else { panic!("{bad}: {err:?}") };
             assert!(reason.contains("segment") && !reason.contains("registered"), "{bad}: {reason}");
         }
+    }
+
+    #[test]
+    fn a_trailing_slash_matches_the_route_without_it() {
+        let r = Router::new([
+            spec("create", "/orders", Some(POST)),
+            spec("one", "/orders/{id}", None),
+            spec("rest", "/{*rest}", None),
+        ])
+        .unwrap();
+        assert_eq!(r.find(&Method::POST, "/orders/"), Some(&"create"));
+        assert_eq!(r.find(&Method::POST, "/orders/7/"), Some(&"one"));
+        assert_eq!(r.find(&Method::GET, "/orders/"), Some(&"rest"));
+        // A route for the slashed path itself wins over the implied one.
+        let r = Router::new([spec("bare", "/orders", None), spec("slashed", "/orders/", None)]).unwrap();
+        assert_eq!(r.find(&Method::GET, "/orders/"), Some(&"slashed"));
+        assert_eq!(r.find(&Method::GET, "/orders"), Some(&"bare"));
     }
 
     #[test]

@@ -2,6 +2,7 @@
 
 use std::io::Write;
 
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
 /// An RFC 6901 JSON Pointer such as `/client_ts` or `/items/0/note`, parsed at config load.
@@ -33,56 +34,38 @@ impl JsonPointer {
         }
         Ok(Self(tokens))
     }
-
-    /// Removes the addressed member from `doc`. An object member is removed; an array element
-    /// is replaced by null so that the indices after it keep their meaning. A pointer that
-    /// addresses nothing leaves the document as it is.
-    fn remove_from(&self, doc: &mut Value) {
-        let Some((last, parents)) = self.0.split_last() else {
-            return;
-        };
-        let mut node = doc;
-        for token in parents {
-            let next = match node {
-                Value::Object(map) => map.get_mut(token),
-                Value::Array(items) => token.parse::<usize>().ok().and_then(|i| items.get_mut(i)),
-                _ => None,
-            };
-            match next {
-                Some(n) => node = n,
-                None => return,
-            }
-        }
-        match node {
-            Value::Object(map) => {
-                map.remove(last);
-            }
-            Value::Array(items) => {
-                if let Some(item) = last.parse::<usize>().ok().and_then(|i| items.get_mut(i)) {
-                    *item = Value::Null;
-                }
-            }
-            _ => {}
-        }
-    }
 }
 
-/// The canonical form of a JSON body, or `None` if it is not valid JSON.
-pub(super) fn canonicalize(body: &[u8], ignore: &[JsonPointer]) -> Option<Vec<u8>> {
-    let mut doc: Value = serde_json::from_slice(body).ok()?;
-    for pointer in ignore {
-        pointer.remove_from(&mut doc);
-    }
+/// Why a body has no canonical JSON form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum NotCanonical {
+    /// Not JSON at all.
+    Invalid,
+    /// An object names one member twice (`{"amount":1,"amount":100}`). Parsers disagree on
+    /// which one counts (first, last, error), so such a body is compared byte for byte.
+    DuplicateMember,
+}
+
+/// The canonical form of a JSON body, without the members `ignore` points at.
+pub(super) fn canonicalize(body: &[u8], ignore: &[JsonPointer]) -> Result<Vec<u8>, NotCanonical> {
+    let doc = parse_strict(body)?;
+    let pointers: Vec<&[String]> = ignore.iter().map(|p| p.0.as_slice()).collect();
     let mut out = Vec::with_capacity(body.len());
-    write_canonical(&doc, &mut out);
-    Some(out)
+    write_canonical(&doc, &pointers, &mut out);
+    Ok(out)
 }
+
+/// Written in place of an ignored array element. A raw NUL byte never occurs in canonical
+/// JSON (strings escape control characters), so an ignored element cannot look like any real
+/// value, `null` included, while the indices after it keep their meaning.
+const IGNORED_ELEMENT: u8 = 0;
 
 /// Sorted keys, no whitespace, strings re-escaped the one way serde_json writes them, numbers
-/// exactly as written (the `arbitrary_precision` feature keeps their text).
+/// exactly as written (the `arbitrary_precision` feature keeps their text). `pointers` are the
+/// remaining tokens of the ignore pointers that lead into `value`.
 ///
 /// Recursion depth is bounded by serde_json's parse limit (128 levels).
-fn write_canonical(value: &Value, out: &mut Vec<u8>) {
+fn write_canonical(value: &Value, pointers: &[&[String]], out: &mut Vec<u8>) {
     match value {
         Value::Null => out.extend_from_slice(b"null"),
         Value::Bool(true) => out.extend_from_slice(b"true"),
@@ -98,7 +81,11 @@ fn write_canonical(value: &Value, out: &mut Vec<u8>) {
                 if i > 0 {
                     out.push(b',');
                 }
-                write_canonical(item, out);
+                let index = i.to_string();
+                match descend(pointers, &index) {
+                    Descend::Ignored => out.push(IGNORED_ELEMENT),
+                    Descend::Into(inner) => write_canonical(item, &inner, out),
+                }
             }
             out.push(b']');
         }
@@ -108,18 +95,129 @@ fn write_canonical(value: &Value, out: &mut Vec<u8>) {
             let mut entries: Vec<_> = map.iter().collect();
             entries.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
             out.push(b'{');
-            for (i, (k, v)) in entries.into_iter().enumerate() {
-                if i > 0 {
+            let mut first = true;
+            for (k, v) in entries {
+                let Descend::Into(inner) = descend(pointers, k) else { continue };
+                if !first {
                     out.push(b',');
                 }
+                first = false;
                 write_string(k, out);
                 out.push(b':');
-                write_canonical(v, out);
+                write_canonical(v, &inner, out);
             }
             out.push(b'}');
         }
     }
 }
+
+enum Descend<'a> {
+    /// A pointer ends at this child: leave it out.
+    Ignored,
+    /// The pointers that continue below this child.
+    Into(Vec<&'a [String]>),
+}
+
+fn descend<'a>(pointers: &[&'a [String]], child: &str) -> Descend<'a> {
+    let mut inner = Vec::new();
+    for pointer in pointers {
+        if let Some((first, rest)) = pointer.split_first()
+            && first == child
+        {
+            if rest.is_empty() {
+                return Descend::Ignored;
+            }
+            inner.push(rest);
+        }
+    }
+    Descend::Into(inner)
+}
+
+/// Parses JSON like `serde_json::from_slice`, but refuses an object with a repeated member.
+fn parse_strict(body: &[u8]) -> Result<Value, NotCanonical> {
+    let mut de = serde_json::Deserializer::from_slice(body);
+    let value = match Strict.deserialize(&mut de) {
+        Ok(v) => v,
+        Err(e) if e.to_string().starts_with(DUPLICATE) => return Err(NotCanonical::DuplicateMember),
+        Err(_) => return Err(NotCanonical::Invalid),
+    };
+    de.end().map_err(|_| NotCanonical::Invalid)?;
+    Ok(value)
+}
+
+const DUPLICATE: &str = "duplicate member";
+
+/// A serde seed that builds a [`Value`] and fails on a repeated object member.
+struct Strict;
+
+impl<'de> DeserializeSeed<'de> for Strict {
+    type Value = Value;
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Strict {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, v: bool) -> Result<Value, E> {
+        Ok(Value::Bool(v))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Value, E> {
+        Ok(Value::from(v))
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Value, E> {
+        Ok(serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number))
+    }
+    fn visit_str<E>(self, v: &str) -> Result<Value, E> {
+        Ok(Value::String(v.to_owned()))
+    }
+    fn visit_string<E>(self, v: String) -> Result<Value, E> {
+        Ok(Value::String(v))
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(item) = seq.next_element_seed(Strict)? {
+            items.push(item);
+        }
+        Ok(Value::Array(items))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        // With `arbitrary_precision`, serde_json hands a number over as a one-member map with a
+        // private key; `Value`'s own deserializer turns that back into a number.
+        let Some(first) = map.next_key::<String>()? else {
+            return Ok(Value::Object(serde_json::Map::new()));
+        };
+        if first == NUMBER_TOKEN {
+            let text: String = map.next_value()?;
+            return serde_json::from_str::<serde_json::Number>(&text)
+                .map(Value::Number)
+                .map_err(|e| de::Error::custom(e.to_string()));
+        }
+        let mut out = serde_json::Map::new();
+        let mut key = Some(first);
+        while let Some(k) = key {
+            let value = map.next_value_seed(Strict)?;
+            if out.insert(k, value).is_some() {
+                return Err(de::Error::custom(DUPLICATE));
+            }
+            key = map.next_key()?;
+        }
+        Ok(Value::Object(out))
+    }
+}
+
+/// The private key serde_json's `arbitrary_precision` feature uses for numbers.
+const NUMBER_TOKEN: &str = "$serde_json::private::Number";
 
 fn write_string(s: &str, out: &mut Vec<u8>) {
     // Serialising a &str into a Vec cannot fail.
@@ -132,7 +230,7 @@ mod tests {
 
     fn canon(body: &str, ignore: &[&str]) -> String {
         let ptrs: Vec<_> = ignore.iter().map(|p| JsonPointer::parse(p).unwrap()).collect();
-        String::from_utf8(canonicalize(body.as_bytes(), &ptrs).unwrap()).unwrap()
+        String::from_utf8(canonicalize(body.as_bytes(), &ptrs).unwrap()).unwrap().replace('\0', "<ignored>")
     }
 
     #[test]
@@ -150,7 +248,7 @@ mod tests {
     #[test]
     fn pointers_remove_members_and_blank_array_items() {
         assert_eq!(canon(r#"{"a":1,"b":{"c":2,"d":3}}"#, &["/a", "/b/c"]), r#"{"b":{"d":3}}"#);
-        assert_eq!(canon(r#"{"items":[{"n":1},{"n":2}]}"#, &["/items/0"]), r#"{"items":[null,{"n":2}]}"#);
+        assert_eq!(canon(r#"{"items":[{"n":1},{"n":2}]}"#, &["/items/0"]), r#"{"items":[<ignored>,{"n":2}]}"#);
         assert_eq!(canon(r#"{"items":[{"n":1,"t":5}]}"#, &["/items/0/t"]), r#"{"items":[{"n":1}]}"#);
         assert_eq!(canon(r#"{"a":1}"#, &["/missing/deep", "/a/b"]), r#"{"a":1}"#);
     }
@@ -169,8 +267,31 @@ mod tests {
     }
 
     #[test]
+    fn an_ignored_array_element_differs_from_a_real_null() {
+        assert_ne!(canon(r#"[1,2]"#, &["/0"]), canon(r#"[null,2]"#, &[]));
+        assert_ne!(canon(r#"[1,2]"#, &["/0"]), canon(r#"[null,2]"#, &["/5"]));
+    }
+
+    #[test]
     fn invalid_json_has_no_canonical_form() {
-        assert!(canonicalize(b"{", &[]).is_none());
-        assert!(canonicalize(b"", &[]).is_none());
+        assert_eq!(canonicalize(b"{", &[]), Err(NotCanonical::Invalid));
+        assert_eq!(canonicalize(b"", &[]), Err(NotCanonical::Invalid));
+        assert_eq!(canonicalize(b"{} {}", &[]), Err(NotCanonical::Invalid));
+    }
+
+    #[test]
+    fn duplicate_members_have_no_canonical_form() {
+        assert_eq!(canonicalize(br#"{"amount":1,"amount":100}"#, &[]), Err(NotCanonical::DuplicateMember));
+        assert_eq!(canonicalize(br#"{"a":{"b":1,"b":1}}"#, &[]), Err(NotCanonical::DuplicateMember));
+        assert_eq!(canonicalize(br#"[{"b":1},{"b":1}]"#, &[]).map(|_| ()), Ok(()));
+    }
+
+    #[test]
+    fn the_strict_parser_agrees_with_serde_json() {
+        for body in [r#"{"a":[1,2.5,-3e7,12345678901234567890123,"x",true,null,{}]}"#, r#""\u00e9\n""#, "[]", "0"] {
+            let strict = parse_strict(body.as_bytes()).unwrap();
+            let plain: Value = serde_json::from_str(body).unwrap();
+            assert_eq!(strict, plain, "{body}");
+        }
     }
 }
