@@ -8,12 +8,13 @@
 //! GET    /healthz                                 200 while the process runs (HEAD too)
 //! GET    /readyz                                  200 when the store answers and not draining
 //! GET    /metrics                                 Prometheus text format
-//! GET    /keys?route=R&key=K[&scope=VALUE]        the record of key K (JSON)
-//! DELETE /keys?route=R&key=K[&scope=VALUE]        purge it
+//! GET    /keys?route=R&key=K[&scope=V|&scope_hash=H]   the record of key K (JSON)
+//! DELETE /keys?route=R&key=K[&scope=V|&scope_hash=H]   release it
 //! ```
 //!
-//! `scope` is the raw value of the route's scope header (e.g. the caller's Authorization
-//! value); leave it out for the anonymous scope or a `global` route.
+//! `scope` is the raw value of the route's scope source when it has one (e.g. the caller's
+//! Authorization value, or a cookie's value); `scope_hash` is the scope's digest in hex, for
+//! any route. Leave both out for a `global` route or the anonymous scope.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -32,8 +33,8 @@ use crate::body::{self, Body};
 use crate::error::admin_problem;
 use crate::gateway::Gateway;
 use crate::idempotent::key;
-use crate::idempotent::scope::{self, ScopeSource};
-use crate::store::{Entry, RecordKey, Store};
+use crate::idempotent::scope::{self, MissingScope, Scope, Source};
+use crate::store::{EntryState, RecordKey, Store};
 
 /// The admin service's shared state.
 #[derive(Clone)]
@@ -156,11 +157,13 @@ async fn keys(gw: &Gateway, query: &str, delete: bool) -> Response<Body> {
     let mut route_name = None;
     let mut key_value = None;
     let mut scope_value = None;
+    let mut scope_hash = None;
     for (k, v) in form_urlencoded::parse(query.as_bytes()) {
         match &*k {
             "route" => route_name = Some(v.into_owned()),
             "key" => key_value = Some(v.into_owned()),
             "scope" => scope_value = Some(v.into_owned()),
+            "scope_hash" => scope_hash = Some(v.into_owned()),
             _ => {}
         }
     }
@@ -183,16 +186,33 @@ async fn keys(gw: &Gateway, query: &str, delete: bool) -> Response<Body> {
         Ok(None) => return bad("Give a key."),
         Err(e) => return bad(&e.to_string()),
     };
-    let mut scope_headers = HeaderMap::new();
-    if let (ScopeSource::Header(name), Some(v)) = (&policy.scope, scope_value) {
-        match HeaderValue::from_str(&v) {
-            Ok(v) => {
-                scope_headers.insert(name.clone(), v);
+    let scope = match (scope_hash, scope_value, policy.scope.sources()) {
+        (Some(hash), _, _) => match Scope::from_hex(&hash) {
+            Some(scope) => scope,
+            None => return bad("scope_hash must be 64 hex digits."),
+        },
+        (None, Some(value), [source]) => {
+            // A cookie source reads the Cookie header: the value goes in as `name=value`.
+            let value = match source {
+                Source::Header(_) => value,
+                Source::Cookie(name) => format!("{name}={value}"),
+            };
+            let Ok(value) = HeaderValue::from_str(&value) else {
+                return bad("The scope holds characters a header cannot carry.");
+            };
+            let headers = HeaderMap::from_iter([(source.header(), value)]);
+            match scope::derive(&policy.scope, MissingScope::Anonymous, &headers) {
+                Ok(scope) => scope,
+                Err(e) => return bad(&e.to_string()),
             }
-            Err(_) => return bad("The scope holds characters a header cannot carry."),
         }
-    }
-    let scope = scope::derive(&policy.scope, &scope_headers);
+        (None, Some(_), _) => return bad("This route's scope has several sources: give scope_hash."),
+        // A global route, or the anonymous scope of a route with on_missing_scope = "anonymous".
+        (None, None, _) => match scope::derive(&policy.scope, MissingScope::Anonymous, &HeaderMap::new()) {
+            Ok(scope) => scope,
+            Err(e) => return bad(&e.to_string()),
+        },
+    };
     let record = RecordKey::new(&gw.key_prefix, &route.name, &scope, &key);
     let unavailable = |e: crate::store::StoreError| {
         tracing::warn!(error = %e, "admin: store unavailable");
@@ -205,35 +225,33 @@ async fn keys(gw: &Gateway, query: &str, delete: bool) -> Response<Body> {
         )
     };
     if delete {
-        return match gw.store.delete(&record).await {
-            Ok(deleted) => {
-                tracing::info!(route = %route.name, key = record.short(), deleted, "admin purge");
-                json_response(StatusCode::OK, &json!({ "deleted": deleted }))
+        return match gw.store.purge(&record).await {
+            Ok(released) => {
+                tracing::info!(route = %route.name, key = record.short(), released, "admin release");
+                json_response(StatusCode::OK, &json!({ "released": released.is_some(), "was": released }))
             }
             Err(e) => unavailable(e),
         };
     }
     match gw.store.get(&record).await {
         Ok(None) => json_response(StatusCode::NOT_FOUND, &json!({ "state": "absent" })),
-        Ok(Some(Entry::InProgress { attempt, lease_left, expires_in })) => json_response(
-            StatusCode::OK,
-            &json!({
-                "state": "in_progress",
-                "attempt": attempt,
-                "lease_left_ms": lease_left.as_millis() as u64,
-                "expires_in_ms": expires_in.as_millis() as u64,
-            }),
-        ),
-        Ok(Some(Entry::Completed { attempt, status, body_len, expires_in })) => json_response(
-            StatusCode::OK,
-            &json!({
-                "state": "completed",
-                "attempt": attempt,
-                "status": status,
-                "body_bytes": body_len,
-                "expires_in_ms": expires_in.as_millis() as u64,
-            }),
-        ),
+        Ok(Some(entry)) => {
+            let mut doc = json!({
+                "state": entry.state.name(),
+                "attempt": entry.attempt,
+                "expires_in_ms": entry.expires_in.as_millis() as u64,
+            });
+            match entry.state {
+                EntryState::InProgress { lease_left } => doc["lease_left_ms"] = json!(lease_left.as_millis() as u64),
+                EntryState::Completed { status, body_len } => {
+                    doc["status"] = json!(status);
+                    doc["body_bytes"] = json!(body_len);
+                }
+                EntryState::Executed { status } => doc["status"] = json!(status),
+                EntryState::Unknown | EntryState::Released => {}
+            }
+            json_response(StatusCode::OK, &doc)
+        }
         Err(e) => unavailable(e),
     }
 }

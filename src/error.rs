@@ -13,6 +13,7 @@ use thiserror::Error;
 
 use crate::body::{self, Body, BodyError};
 use crate::idempotent::key::KeyError;
+use crate::idempotent::scope::ScopeMissing;
 use crate::store::StoreError;
 use crate::upstream::UpstreamError;
 
@@ -33,6 +34,16 @@ pub enum GatewayError {
     /// The request body is too large or could not be read.
     #[error(transparent)]
     Body(#[from] BodyError),
+    /// A keyed request lacks a source of its route's scope, and the route rejects those.
+    #[error(transparent)]
+    Scope(#[from] ScopeMissing),
+    /// `Connection` names a header the gateway reads (the key, the scope, the body's framing
+    /// or type, Host): forwarding the request without it would change what it means.
+    #[error("Connection names {header}, which this route needs")]
+    ConnectionHeader {
+        /// The header named.
+        header: String,
+    },
     /// The key was used before with a different request.
     #[error("idempotency key reused with a different request")]
     Mismatch,
@@ -48,6 +59,19 @@ pub enum GatewayError {
     /// The upstream could not be reached, failed, or timed out.
     #[error(transparent)]
     Upstream(#[from] UpstreamError),
+    /// The request was sent upstream and no complete answer came back, so nobody knows whether
+    /// the upstream acted on it; the key is held and no retry runs it again.
+    #[error("the outcome of the request with this key is unknown")]
+    OutcomeUnknown {
+        /// The exchange ran out of time (504) rather than broke (502).
+        timed_out: bool,
+    },
+    /// The first request ran and answered `status`, but its body was too large to store.
+    #[error("the response to this key was not stored")]
+    ResponseNotStored {
+        /// The status the first request was answered with.
+        status: StatusCode,
+    },
     /// Shutdown abandoned the exchange before the upstream answered; its key was released.
     #[error("the gateway shut down before the upstream answered")]
     ShuttingDown,
@@ -75,6 +99,10 @@ impl GatewayError {
             Self::Key(_) => "key-malformed",
             Self::Body(BodyError::TooLarge { .. }) => "body-too-large",
             Self::Body(BodyError::Read(_)) => "body-unreadable",
+            Self::Scope(_) => "scope-missing",
+            Self::ConnectionHeader { .. } => "connection-header",
+            Self::OutcomeUnknown { .. } => "outcome-unknown",
+            Self::ResponseNotStored { .. } => "response-not-stored",
             Self::Mismatch => "key-reused",
             Self::InFlight { .. } => "in-progress",
             Self::StoreUnavailable(_) => "store-unavailable",
@@ -88,7 +116,12 @@ impl GatewayError {
     fn status(&self) -> StatusCode {
         match self {
             Self::NoRoute { .. } => StatusCode::NOT_FOUND,
-            Self::Key(_) | Self::Body(BodyError::Read(_)) => StatusCode::BAD_REQUEST,
+            Self::Key(_) | Self::Body(BodyError::Read(_)) | Self::Scope(_) | Self::ConnectionHeader { .. } => {
+                StatusCode::BAD_REQUEST
+            }
+            Self::OutcomeUnknown { timed_out: true } => StatusCode::GATEWAY_TIMEOUT,
+            Self::OutcomeUnknown { timed_out: false } => StatusCode::BAD_GATEWAY,
+            Self::ResponseNotStored { status } => *status,
             Self::Body(BodyError::TooLarge { .. }) => StatusCode::PAYLOAD_TOO_LARGE,
             Self::Mismatch => StatusCode::UNPROCESSABLE_ENTITY,
             Self::InFlight { .. } => StatusCode::CONFLICT,
@@ -107,6 +140,10 @@ impl GatewayError {
             Self::Key(_) => "Idempotency key malformed",
             Self::Body(BodyError::TooLarge { .. }) => "Request body too large",
             Self::Body(BodyError::Read(_)) => "Request body unreadable",
+            Self::Scope(_) => "Idempotency scope missing",
+            Self::ConnectionHeader { .. } => "Connection header names a needed header",
+            Self::OutcomeUnknown { .. } => "Outcome unknown",
+            Self::ResponseNotStored { .. } => "Response not stored",
             Self::Mismatch => "Idempotency key reused",
             Self::InFlight { .. } => "Request in progress",
             Self::StoreUnavailable(_) => "Idempotency store unavailable",
@@ -126,6 +163,26 @@ impl GatewayError {
                 format!("This route accepts request bodies of at most {limit} bytes.")
             }
             Self::Body(BodyError::Read(_)) => "The request body could not be read.".into(),
+            Self::Scope(e) => format!(
+                "{}. Idempotency keys are kept per caller, and this route takes the caller from \
+                 that source; send it with the request.",
+                capitalise(&e.to_string())
+            ),
+            Self::ConnectionHeader { header } => format!(
+                "The Connection header names {header}, which would remove it before the request is \
+                 forwarded, although this route needs it. Do not list it in Connection."
+            ),
+            Self::OutcomeUnknown { .. } => "The request with this idempotency key was sent to the upstream \
+                service, and no complete answer came back: it may or may not have been processed. \
+                It will not be run again under this key. Check the state of the resource (for \
+                example, list your recent orders or payments) before you send it again with a new key."
+                .into(),
+            Self::ResponseNotStored { status } => format!(
+                "The request with this idempotency key was processed and answered {}, but its \
+                 response was too large to keep for retries. It will not be run again; fetch the \
+                 resource it created or changed to see the result.",
+                status.as_u16()
+            ),
             Self::Mismatch => "This idempotency key was already used for a different request. \
                 Use a new key for a new request."
                 .into(),
@@ -135,11 +192,17 @@ impl GatewayError {
             Self::StoreUnavailable(_) => "The request was not forwarded because its idempotency \
                 could not be guaranteed. Retry with the same key."
                 .into(),
-            Self::Upstream(UpstreamError::Timeout { .. }) => "The upstream service did not answer in time. \
-                Retrying with the same key is safe."
+            Self::Upstream(UpstreamError::Unreachable { .. }) => "The upstream service could not be reached; \
+                the request was not sent. Retrying with the same key is safe."
                 .into(),
-            Self::Upstream(_) => "The upstream service could not be reached or failed. \
-                Retrying with the same key is safe."
+            Self::Upstream(UpstreamError::Timeout { .. }) => "The upstream service did not answer in time; \
+                it may or may not have processed the request. A retry with the same key runs it \
+                again on this route, whose upstream is expected to deduplicate on the key."
+                .into(),
+            Self::Upstream(UpstreamError::Failed { .. }) => "The upstream service failed before it \
+                answered in full; it may or may not have processed the request. A retry with the \
+                same key runs it again on this route, whose upstream is expected to deduplicate on \
+                the key."
                 .into(),
             Self::ShuttingDown => "The gateway shut down before the upstream answered; the request \
                 may or may not have been processed. Retry with the same key."

@@ -176,7 +176,13 @@ fn normalize_path<B>(request: &mut Request<B>) {
 
 fn outcome_of(e: &GatewayError) -> Outcome {
     match e {
-        GatewayError::Key(_) | GatewayError::Body(_) | GatewayError::NoRoute { .. } => Outcome::Rejected,
+        GatewayError::Key(_)
+        | GatewayError::Body(_)
+        | GatewayError::Scope(_)
+        | GatewayError::ConnectionHeader { .. }
+        | GatewayError::NoRoute { .. } => Outcome::Rejected,
+        GatewayError::OutcomeUnknown { .. } => Outcome::OutcomeUnknown,
+        GatewayError::ResponseNotStored { .. } => Outcome::Replayed,
         GatewayError::Mismatch => Outcome::Mismatch,
         GatewayError::InFlight { .. } => Outcome::InFlight,
         GatewayError::StoreUnavailable(_) => Outcome::StoreUnavailable,
@@ -189,6 +195,7 @@ fn log_error(route: &Route, e: &GatewayError) {
     match e {
         GatewayError::Upstream(_)
         | GatewayError::StoreUnavailable(_)
+        | GatewayError::OutcomeUnknown { .. }
         | GatewayError::ShuttingDown
         | GatewayError::Internal(_) => {
             tracing::warn!(route = %route.name, error = %e, "request failed");

@@ -52,6 +52,9 @@ fn check(path: &std::path::Path) -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
+    for warning in config.warning_lines(&path.display().to_string()) {
+        eprintln!("{warning}");
+    }
     let idempotent = config.routes.iter().filter(|r| r.idempotency.is_some()).count();
     println!(
         "{}: ok: routes {} ({} idempotent), upstreams {}",
@@ -76,6 +79,9 @@ fn serve(path: &std::path::Path) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    for warning in config.warning_lines(&path.display().to_string()) {
+        tracing::warn!("{warning}");
+    }
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if let Some(threads) = config.server.worker_threads {
         builder.worker_threads(threads);

@@ -10,18 +10,31 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 
+/// A label whose values index a fixed array of counters. The index comes from an exhaustive
+/// match, so adding a variant without its counter does not compile, and no counter is found
+/// by the variant's position in a list.
+pub trait Label: Copy + 'static {
+    /// Every value, in index order.
+    const ALL: &'static [Self];
+    /// The position of this value's counter.
+    fn index(self) -> usize;
+}
+
 /// How a request through a route ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Outcome {
     /// Claimed and sent upstream (whatever the upstream answered).
     Executed,
-    /// Answered from the store.
+    /// Answered from the store (a stored response, or the problem that says it ran but its
+    /// body was not stored).
     Replayed,
     /// Key reused with a different request (422).
     Mismatch,
     /// First request still running after the wait (409).
     InFlight,
-    /// Bad key, too large or unreadable body (400, 413).
+    /// The first request's outcome is unknown; refused (502 outcome-unknown).
+    OutcomeUnknown,
+    /// Bad key, missing scope, bad Connection, too large or unreadable body (400, 413).
     Rejected,
     /// Store down, route fails closed (503).
     StoreUnavailable,
@@ -43,6 +56,7 @@ impl Outcome {
             Self::Replayed => "replayed",
             Self::Mismatch => "mismatch",
             Self::InFlight => "in_flight",
+            Self::OutcomeUnknown => "outcome_unknown",
             Self::Rejected => "rejected",
             Self::StoreUnavailable => "store_unavailable",
             Self::Bypassed => "bypassed",
@@ -51,12 +65,15 @@ impl Outcome {
             Self::Internal => "internal",
         }
     }
+}
 
-    const ALL: [Outcome; 10] = [
+impl Label for Outcome {
+    const ALL: &'static [Self] = &[
         Self::Executed,
         Self::Replayed,
         Self::Mismatch,
         Self::InFlight,
+        Self::OutcomeUnknown,
         Self::Rejected,
         Self::StoreUnavailable,
         Self::Bypassed,
@@ -64,19 +81,47 @@ impl Outcome {
         Self::UpstreamFailed,
         Self::Internal,
     ];
+    fn index(self) -> usize {
+        match self {
+            Self::Executed => 0,
+            Self::Replayed => 1,
+            Self::Mismatch => 2,
+            Self::InFlight => 3,
+            Self::OutcomeUnknown => 4,
+            Self::Rejected => 5,
+            Self::StoreUnavailable => 6,
+            Self::Bypassed => 7,
+            Self::PassedThrough => 8,
+            Self::UpstreamFailed => 9,
+            Self::Internal => 10,
+        }
+    }
 }
 
-/// Why a claim was released instead of completed.
+/// Why a claim was released instead of settled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ReleaseReason {
     /// The upstream's status is not in `store_statuses` (5xx by default).
     Status,
-    /// The response body is larger than `max_stored_body`.
-    TooLarge,
-    /// Transport failure or timeout.
-    UpstreamFailed,
-    /// The gateway shut down before the exchange finished.
-    Shutdown,
+    /// The request never reached the upstream (connection refused).
+    NotSent,
+    /// The outcome is unknown and the route says `on_unknown_outcome = "release"`.
+    Unknown,
+    /// The claim call's reply never arrived (store timeout, client gone mid-claim): the claim,
+    /// if it was made, is released by its owner in the background.
+    Ghost,
+}
+
+impl Label for ReleaseReason {
+    const ALL: &'static [Self] = &[Self::Status, Self::NotSent, Self::Unknown, Self::Ghost];
+    fn index(self) -> usize {
+        match self {
+            Self::Status => 0,
+            Self::NotSent => 1,
+            Self::Unknown => 2,
+            Self::Ghost => 3,
+        }
+    }
 }
 
 impl EncodeLabelValue for Outcome {
@@ -90,9 +135,9 @@ impl ReleaseReason {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Status => "status",
-            Self::TooLarge => "too_large",
-            Self::UpstreamFailed => "upstream_failed",
-            Self::Shutdown => "shutdown",
+            Self::NotSent => "not_sent",
+            Self::Unknown => "unknown",
+            Self::Ghost => "ghost",
         }
     }
 }
@@ -129,6 +174,8 @@ pub struct Metrics {
     lease_lost: Family<RouteLabel, Counter>,
     store_errors: Family<RouteLabel, Counter>,
     store_write_failed: Family<RouteLabel, Counter>,
+    outcome_unknown: Family<RouteLabel, Counter>,
+    not_stored: Family<RouteLabel, Counter>,
 }
 
 impl Default for Metrics {
@@ -154,7 +201,29 @@ impl Default for Metrics {
             "Upstream answers that could not be stored or released (client still answered)",
             store_write_failed.clone(),
         );
-        Self { registry, requests, unmatched, released, lease_lost, store_errors, store_write_failed }
+        let outcome_unknown = Family::default();
+        registry.register(
+            "outcome_unknown",
+            "Requests sent upstream without a complete answer, whose keys are held as unknown",
+            outcome_unknown.clone(),
+        );
+        let not_stored = Family::default();
+        registry.register(
+            "not_stored",
+            "Responses delivered but too large to store; their keys answer response-not-stored",
+            not_stored.clone(),
+        );
+        Self {
+            registry,
+            requests,
+            unmatched,
+            released,
+            lease_lost,
+            store_errors,
+            store_write_failed,
+            outcome_unknown,
+            not_stored,
+        }
     }
 }
 
@@ -163,18 +232,17 @@ impl Metrics {
     pub fn route(&self, route: &str) -> RouteMetrics {
         let label = RouteLabel { route: route.to_owned() };
         RouteMetrics {
-            outcomes: Outcome::ALL
-                .map(|outcome| self.requests.get_or_create(&RouteOutcome { route: route.to_owned(), outcome }).clone()),
-            released: [
-                ReleaseReason::Status,
-                ReleaseReason::TooLarge,
-                ReleaseReason::UpstreamFailed,
-                ReleaseReason::Shutdown,
-            ]
-            .map(|reason| self.released.get_or_create(&RouteReason { route: route.to_owned(), reason }).clone()),
+            outcomes: PerLabel::new(|outcome| {
+                self.requests.get_or_create(&RouteOutcome { route: route.to_owned(), outcome }).clone()
+            }),
+            released: PerLabel::new(|reason| {
+                self.released.get_or_create(&RouteReason { route: route.to_owned(), reason }).clone()
+            }),
             lease_lost: self.lease_lost.get_or_create(&label).clone(),
             store_errors: self.store_errors.get_or_create(&label).clone(),
             store_write_failed: self.store_write_failed.get_or_create(&label).clone(),
+            outcome_unknown: self.outcome_unknown.get_or_create(&label).clone(),
+            not_stored: self.not_stored.get_or_create(&label).clone(),
         }
     }
 
@@ -203,25 +271,58 @@ impl Metrics {
     }
 }
 
+/// One counter per value of a label, found by [`Label::index`].
+#[derive(Clone)]
+struct PerLabel<L: Label> {
+    counters: Vec<Counter>,
+    _label: std::marker::PhantomData<L>,
+}
+
+impl<L: Label> PerLabel<L> {
+    fn new(mut counter: impl FnMut(L) -> Counter) -> Self {
+        let mut counters = vec![Counter::default(); L::ALL.len()];
+        for &label in L::ALL {
+            counters[label.index()] = counter(label);
+        }
+        Self { counters, _label: std::marker::PhantomData }
+    }
+
+    fn get(&self, label: L) -> &Counter {
+        &self.counters[label.index()]
+    }
+}
+
 /// Pre-resolved counters of one route.
 #[derive(Clone)]
 pub struct RouteMetrics {
-    outcomes: [Counter; 10],
-    released: [Counter; 4],
+    outcomes: PerLabel<Outcome>,
+    released: PerLabel<ReleaseReason>,
     lease_lost: Counter,
     store_errors: Counter,
     store_write_failed: Counter,
+    outcome_unknown: Counter,
+    not_stored: Counter,
 }
 
 impl RouteMetrics {
     /// Counts a finished request.
     pub fn outcome(&self, outcome: Outcome) {
-        self.outcomes[outcome as usize].inc();
+        self.outcomes.get(outcome).inc();
     }
 
     /// Counts a released claim.
     pub fn released(&self, reason: ReleaseReason) {
-        self.released[reason as usize].inc();
+        self.released.get(reason).inc();
+    }
+
+    /// Counts a key held as unknown.
+    pub fn outcome_unknown(&self) {
+        self.outcome_unknown.inc();
+    }
+
+    /// Counts a response delivered but not stored.
+    pub fn not_stored(&self) {
+        self.not_stored.inc();
     }
 
     /// Counts a lease found lost.
@@ -243,6 +344,18 @@ impl RouteMetrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn indices_are_positions<L: Label + PartialEq + std::fmt::Debug>() {
+        for (i, label) in L::ALL.iter().enumerate() {
+            assert_eq!(label.index(), i, "{label:?}");
+        }
+    }
+
+    #[test]
+    fn every_label_has_its_own_counter() {
+        indices_are_positions::<Outcome>();
+        indices_are_positions::<ReleaseReason>();
+    }
 
     #[test]
     fn outcomes_are_counted_per_route_and_exposed() {

@@ -18,7 +18,10 @@ pub async fn forward(
 ) -> Result<Response<Body>, UpstreamError> {
     let (mut parts, body) = request.into_parts();
     upstream.prepare(&mut parts, peer);
-    let response = upstream.send(Request::from_parts(parts, body)).await?;
+    // The deadline covers the response head; the body then streams as long as it flows.
+    let response = tokio::time::timeout(upstream.timeout(), upstream.send(Request::from_parts(parts, body)))
+        .await
+        .map_err(|_| upstream.timed_out())??;
     Ok(relay(response))
 }
 

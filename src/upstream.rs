@@ -23,6 +23,7 @@ use thiserror::Error;
 use crate::body::Body;
 use crate::config::UpstreamConfig;
 use crate::headers::{self, Forwarded, Peer};
+use crate::store::Sent;
 
 /// Why an exchange with the upstream failed.
 #[derive(Debug, Error)]
@@ -51,6 +52,18 @@ pub enum UpstreamError {
         /// The underlying error.
         detail: String,
     },
+}
+
+impl UpstreamError {
+    /// Whether the request may have reached the upstream. Only a connection that was never
+    /// made proves it did not: once bytes were written, a reset, a timeout or a broken answer
+    /// leaves the outcome unknown.
+    pub fn sent(&self) -> Sent {
+        match self {
+            Self::Unreachable { .. } => Sent::No,
+            Self::Timeout { .. } | Self::Failed { .. } => Sent::Maybe,
+        }
+    }
 }
 
 /// Why an upstream could not be set up at start.
@@ -155,16 +168,15 @@ impl Upstream {
         Uri::from_parts(parts).unwrap_or_else(|_| original.clone())
     }
 
-    /// Sends a prepared request; the timeout covers the response head only (callers that
-    /// read the whole body bound that themselves).
+    /// Sends a prepared request and waits for the response head. It sets no deadline of its
+    /// own: the caller bounds the exchange by [`Upstream::timeout`], once.
     pub async fn send(&self, request: Request<Body>) -> Result<Response<Incoming>, UpstreamError> {
-        match tokio::time::timeout(self.timeout, self.client.request(request)).await {
-            Err(_) => Err(self.timed_out()),
-            Ok(Ok(response)) => Ok(response),
-            Ok(Err(e)) if e.is_connect() => {
+        match self.client.request(request).await {
+            Ok(response) => Ok(response),
+            Err(e) if e.is_connect() => {
                 Err(UpstreamError::Unreachable { upstream: self.name.clone(), detail: error_chain(&e) })
             }
-            Ok(Err(e)) => Err(UpstreamError::Failed { upstream: self.name.clone(), detail: error_chain(&e) }),
+            Err(e) => Err(UpstreamError::Failed { upstream: self.name.clone(), detail: error_chain(&e) }),
         }
     }
 

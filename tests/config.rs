@@ -5,6 +5,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use idemgate::config::{Config, ConfigError, StoreBackendConfig};
+use idemgate::idempotent::policy::UnknownOutcomePolicy;
+use idemgate::idempotent::scope::{MissingScope, ScopeSource, Source};
 
 const MINIMAL: &str = r#"
 [server]
@@ -65,9 +67,24 @@ fn defaults_apply_to_an_empty_idempotency_table() {
     assert_eq!(p.lease, Duration::from_secs(10));
     assert_eq!(p.max_stored_body, 1 << 20);
     assert_eq!(p.replay_header.as_str(), "idempotent-replay");
-    assert!(p.store_statuses.contains(http::StatusCode::CREATED));
-    assert!(p.store_statuses.contains(http::StatusCode::UNPROCESSABLE_ENTITY));
-    assert!(!p.store_statuses.contains(http::StatusCode::BAD_GATEWAY));
+    // What began executing is stored: 2xx, 3xx, 4xx except "not processed" and "try again".
+    for (code, stored) in [
+        (201, true),
+        (303, true),
+        (404, true),
+        (400, false),
+        (408, false),
+        (409, false),
+        (422, false),
+        (425, false),
+        (429, false),
+        (502, false),
+    ] {
+        assert_eq!(p.store_statuses.contains(http::StatusCode::from_u16(code).unwrap()), stored, "{code}");
+    }
+    assert_eq!(p.on_missing_scope, MissingScope::Reject);
+    assert_eq!(p.on_unknown_outcome, UnknownOutcomePolicy::Hold);
+    assert_eq!(p.attempt_header.as_ref().map(|h| h.as_str()), Some("idempotency-attempt"));
 }
 
 #[test]
@@ -179,7 +196,7 @@ replay_header = ""
         ("routes[0].methods", "\"BREW COFFEE\""),
         ("routes[0].idempotency.header", "not a valid header name"),
         ("routes[0].idempotency.max_key_len", "between 1 and"),
-        ("routes[0].idempotency.scope", "neither \"global\" nor \"header:NAME\""),
+        ("routes[0].idempotency.scope", "none of \"global\", \"header:NAME\", \"cookie:NAME\""),
         ("routes[0].idempotency.ignore", "must start with '/'"),
         ("routes[0].idempotency.fingerprint_headers", "\"not ok\""),
         ("routes[0].idempotency.lease", "longer than 0"),
@@ -193,6 +210,37 @@ replay_header = ""
         ("routes[0].idempotency.replay_header", "not a valid header name"),
     ] {
         assert!(issues.iter().any(|(k, r)| k == key && r.contains(part)), "missing {key}: {part} in {issues:#?}");
+    }
+}
+
+#[test]
+fn scope_takes_one_source_or_a_list_and_statuses_take_exclusions() {
+    let text = MINIMAL.replace(
+        "[routes.idempotency]",
+        "[routes.idempotency]\nscope = [\"header:Authorization\", \"cookie:session\"]\non_missing_scope = \"anonymous\"\nstore_statuses = [\"2xx\", \"!204\"]\non_unknown_outcome = \"release\"\nattempt_header = \"\"",
+    );
+    let config = Config::from_toml(&text, "t").unwrap();
+    let p = config.routes[0].idempotency.as_ref().unwrap();
+    assert_eq!(
+        p.scope,
+        ScopeSource::Caller(vec![Source::Header(http::header::AUTHORIZATION), Source::Cookie("session".into())])
+    );
+    assert_eq!(p.on_missing_scope, MissingScope::Anonymous);
+    assert!(
+        p.store_statuses.contains(http::StatusCode::OK) && !p.store_statuses.contains(http::StatusCode::NO_CONTENT)
+    );
+    assert_eq!(p.on_unknown_outcome, UnknownOutcomePolicy::Release);
+    assert_eq!(p.attempt_header, None, "an empty attempt_header sends none");
+    for (line, key, reason) in [
+        ("scope = [\"global\", \"header:X\"]", "scope", "cannot be combined"),
+        ("scope = []", "scope", "is empty"),
+        ("on_missing_scope = \"pool\"", "on_missing_scope", "neither \"reject\" nor \"anonymous\""),
+        ("on_unknown_outcome = \"retry\"", "on_unknown_outcome", "neither \"hold\" nor \"release\""),
+        ("store_statuses = [\"!6xx\"]", "store_statuses", "\"6xx\""),
+        ("attempt_header = \"bad header\"", "attempt_header", "not a valid header name"),
+    ] {
+        let text = MINIMAL.replace("[routes.idempotency]", &format!("[routes.idempotency]\n{line}"));
+        assert_issue(&text, &format!("routes[0].idempotency.{key}"), reason);
     }
 }
 
@@ -281,6 +329,23 @@ fn check_command_rejects_an_invalid_file_naming_file_key_and_reason() {
     );
     assert!(!ok);
     assert!(stderr.contains("routes[0].idempotency.scope"), "{stderr}");
+}
+
+#[test]
+fn check_warns_about_leases_that_undermine_the_guarantee_but_accepts_them() {
+    let text = MINIMAL
+        .replace("[routes.idempotency]", "[routes.idempotency]\nlease = \"2s\"\nrenew = false")
+        .replace("backend = \"memory\"", "backend = \"memory\"\ntimeout = \"1s\"");
+    let (ok, stdout, stderr) = check(&text);
+    assert!(ok, "warnings do not fail the check: {stderr}");
+    assert!(stdout.contains("ok"), "{stdout}");
+    assert!(
+        stderr.contains("gw.toml:19: warning: routes[0].idempotency.lease: 2s is shorter than upstreams.app.timeout (30s) and renew = false"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("is less than 3 × store.timeout (1s)"), "{stderr}");
+    let (ok, _, stderr) = check(MINIMAL);
+    assert!(ok && !stderr.contains("warning"), "{stderr}");
 }
 
 #[test]

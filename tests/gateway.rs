@@ -10,8 +10,8 @@ use http::{HeaderMap, HeaderValue, Method};
 use idemgate::idempotent::fingerprint::Fingerprint;
 use idemgate::idempotent::key;
 use idemgate::idempotent::scope;
-use idemgate::store::{Claim, Entry, RecordKey, Store};
-use support::client::{Client, Reply};
+use idemgate::store::{Claim, EntryState, OwnerToken, RecordKey, Store};
+use support::client::{Client, DEFAULT_AUTH, Reply};
 use support::gateway::{StoreKind, TestGateway, config};
 use support::redis::RedisServer;
 use support::upstream::{Behavior, TestUpstream};
@@ -19,17 +19,16 @@ use tokio::io::AsyncWriteExt;
 
 const ORDER: &str = r#"{"sku":"A-1","quantity":2,"client_ts":"2026-11-30T10:00:00Z"}"#;
 
-/// The record key the gateway uses for `raw_key` sent by `auth` to route `orders`.
-fn record_key(gw: &TestGateway, raw_key: &str, auth: Option<&str>) -> RecordKey {
+/// The record key the gateway uses for `raw_key` sent by the default caller to route `orders`.
+fn record_key(gw: &TestGateway, raw_key: &str) -> RecordKey {
     let route = gw.gateway.route("orders").unwrap();
     let policy = route.policy.as_ref().unwrap();
     let mut h = HeaderMap::new();
     h.insert(policy.header.clone(), HeaderValue::from_str(raw_key).unwrap());
-    if let Some(a) = auth {
-        h.insert("authorization", HeaderValue::from_str(a).unwrap());
-    }
+    h.insert("authorization", HeaderValue::from_static(DEFAULT_AUTH));
     let k = key::extract(&h, &policy.header, policy.max_key_len).unwrap().unwrap();
-    RecordKey::new(&gw.gateway.key_prefix, "orders", &scope::derive(&policy.scope, &h), &k)
+    let scope = scope::derive(&policy.scope, policy.on_missing_scope, &h).unwrap();
+    RecordKey::new(&gw.gateway.key_prefix, "orders", &scope, &k)
 }
 
 async fn setup(store: &StoreKind, policy: &str, behavior: Behavior) -> (TestUpstream, TestGateway, Client) {
@@ -123,7 +122,7 @@ async fn bodies_over_the_limit_are_413_before_anything_is_claimed(store: StoreKi
     let r = raw_chunked_post(gw.addr, "/orders", "big2", big.as_bytes()).await;
     assert!(r.starts_with("HTTP/1.1 413"), "{r}");
     assert_eq!(upstream.executions(), 0);
-    assert_eq!(gw.gateway.store.get(&record_key(&gw, "big", None)).await.unwrap(), None, "nothing claimed");
+    assert_eq!(gw.gateway.store.get(&record_key(&gw, "big")).await.unwrap(), None, "nothing claimed");
     // The limit is inclusive of bodies that fit.
     let r = client.post_json("/orders", Some("small"), r#"{"sku":"x"}"#).await;
     assert_eq!(r.status, 201);
@@ -172,7 +171,7 @@ async fn client_disconnect_mid_flight_still_stores_the_result(store: StoreKind) 
     // Send a whole request, then hang up before the upstream answers.
     let mut raw = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
     let req = format!(
-        "POST /orders HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nidempotency-key: \"gone\"\r\ncontent-length: {}\r\n\r\n{ORDER}",
+        "POST /orders HTTP/1.1\r\nhost: x\r\nauthorization: {DEFAULT_AUTH}\r\ncontent-type: application/json\r\nidempotency-key: \"gone\"\r\ncontent-length: {}\r\n\r\n{ORDER}",
         ORDER.len()
     );
     raw.write_all(req.as_bytes()).await.unwrap();
@@ -181,7 +180,8 @@ async fn client_disconnect_mid_flight_still_stores_the_result(store: StoreKind) 
 
     // The exchange finishes without its client and stores the answer.
     wait_for(|| async {
-        matches!(gw.gateway.store.get(&record_key(&gw, "\"gone\"", None)).await, Ok(Some(Entry::Completed { .. })))
+        let entry = gw.gateway.store.get(&record_key(&gw, "\"gone\"")).await;
+        matches!(entry, Ok(Some(e)) if matches!(e.state, EntryState::Completed { .. }))
     })
     .await;
     let retry = client.post_json("/orders", Some("\"gone\""), ORDER).await;
@@ -195,7 +195,8 @@ async fn server_errors_release_the_key_and_the_retry_runs_again(store: StoreKind
     let (upstream, gw, client) = setup(&store, "", behavior).await;
     let r = client.post_json("/orders", Some("flaky"), ORDER).await;
     assert_eq!(r.status, 503, "the upstream's own 5xx is passed through");
-    assert_eq!(gw.gateway.store.get(&record_key(&gw, "flaky", None)).await.unwrap(), None, "key released");
+    let entry = gw.gateway.store.get(&record_key(&gw, "flaky")).await.unwrap().unwrap();
+    assert_eq!((entry.state, entry.attempt), (EntryState::Released, 1), "released, keeping the attempt");
     let r = client.post_json("/orders", Some("flaky"), ORDER).await;
     assert_eq!(r.status, 500);
     let ok = client.post_json("/orders", Some("flaky"), ORDER).await;
@@ -204,25 +205,61 @@ async fn server_errors_release_the_key_and_the_retry_runs_again(store: StoreKind
     let replay = client.post_json("/orders", Some("flaky"), ORDER).await;
     assert!(replay.is_replay() && replay.body == ok.body);
     assert_eq!(upstream.executions(), 3, "two failures and one success; the success is stored once");
+    // Every execution told the upstream which attempt it was.
+    let attempts: Vec<String> =
+        upstream.seen().iter().map(|s| s.headers["idempotency-attempt"].to_str().unwrap().to_owned()).collect();
+    assert_eq!(attempts, ["1", "2", "3"]);
 }
 
-async fn client_errors_are_stored_and_replayed(store: StoreKind) {
-    let behavior = Behavior { statuses: [409].into(), ..Behavior::default() };
-    let (upstream, _gw, client) = setup(&store, "", behavior).await;
-    let first = client.post_json("/orders", Some("4xx"), ORDER).await;
-    assert_eq!(first.status, 409);
-    let again = client.post_json("/orders", Some("4xx"), ORDER).await;
-    assert_eq!((again.status.as_u16(), again.is_replay()), (409, true));
-    assert_eq!(upstream.executions(), 1);
+async fn each_status_class_is_stored_or_released_as_the_policy_says(store: StoreKind) {
+    // What began executing is stored (2xx, 3xx, most 4xx); "not processed" or "try again"
+    // answers (400, 408, 409, 422, 425, 429) and 5xx release the key.
+    let (upstream, _gw, client) = setup(&store, "", Behavior::default()).await;
+    let mut expected = 0;
+    for (status, stored) in [
+        (200, true),
+        (201, true),
+        (303, true),
+        (404, true),
+        (403, true),
+        (400, false),
+        (408, false),
+        (409, false),
+        (422, false),
+        (425, false),
+        (429, false),
+        (500, false),
+        (503, false),
+    ] {
+        upstream.set(|b| b.statuses = [status].into());
+        let key = format!("status-{status}");
+        let first = client.post_json("/orders", Some(&key), ORDER).await;
+        assert_eq!(first.status.as_u16(), status);
+        let again = client.post_json("/orders", Some(&key), ORDER).await;
+        let executions = upstream.executions();
+        if stored {
+            assert!(again.is_replay(), "{status} is stored");
+            assert_eq!((again.status.as_u16(), &again.body), (status, &first.body), "{status}");
+        } else {
+            assert!(!again.is_replay(), "{status} is released: the retry runs again");
+            assert_eq!(again.status, 201);
+        }
+        expected += if stored { 1 } else { 2 };
+        assert_eq!(executions, expected, "after {status}");
+    }
 }
 
 async fn crashed_owner_is_taken_over_after_its_lease(store: StoreKind) {
     let (upstream, gw, client) = setup(&store, r#"lease = "300ms""#, Behavior::default()).await;
     // Simulate a gateway that claimed the key and died: its lease is never completed.
-    let key = record_key(&gw, "crash", None);
+    let key = record_key(&gw, "crash");
     let body_fp = fingerprint_of(&gw, "crash", ORDER);
-    let claim =
-        gw.gateway.store.claim(&key, &body_fp, Duration::from_millis(300), Duration::from_secs(60)).await.unwrap();
+    let claim = gw
+        .gateway
+        .store
+        .claim(&key, &body_fp, OwnerToken::generate(), Duration::from_millis(300), Duration::from_secs(60))
+        .await
+        .unwrap();
     let Claim::Acquired(dead) = claim else { panic!("expected to acquire, got {claim:?}") };
     std::mem::forget(dead);
 
@@ -233,10 +270,9 @@ async fn crashed_owner_is_taken_over_after_its_lease(store: StoreKind) {
     assert!(!r.is_replay());
     assert!(started.elapsed() < Duration::from_secs(3), "taken over at lease expiry, not after the whole wait");
     assert_eq!(upstream.executions(), 1);
-    match gw.gateway.store.get(&key).await.unwrap() {
-        Some(Entry::Completed { attempt: 2, .. }) => {}
-        other => panic!("expected a record completed by attempt 2, got {other:?}"),
-    }
+    let entry = gw.gateway.store.get(&key).await.unwrap().unwrap();
+    assert!(matches!(entry.state, EntryState::Completed { .. }) && entry.attempt == 2, "{entry:?}");
+    assert_eq!(upstream.seen()[0].headers["idempotency-attempt"], "2", "the takeover is announced as attempt 2");
 }
 
 async fn same_key_from_two_callers_is_two_records(store: StoreKind) {
@@ -246,12 +282,14 @@ async fn same_key_from_two_callers_is_two_records(store: StoreKind) {
     assert_eq!((alice.status.as_u16(), bob.status.as_u16()), (201, 201));
     assert!(!bob.is_replay(), "bob never gets alice's order");
     assert_ne!(alice.body, bob.body);
+    // Without a credential there is no caller to scope the key by: refused, never pooled.
     let anon = client.post_json_as("/orders", Some("1"), None, ORDER).await;
-    assert!(!anon.is_replay());
-    assert_eq!(upstream.executions(), 3);
-    let alice_again = client.post_json_as("/orders", Some("1"), Some("Bearer alice"), ORDER).await;
+    assert_eq!((anon.status.as_u16(), anon.problem().as_str()), (400, "scope-missing"));
+    assert_eq!(upstream.executions(), 2);
+    // The scheme's case is not part of the caller's identity.
+    let alice_again = client.post_json_as("/orders", Some("1"), Some("bearer alice"), ORDER).await;
     assert!(alice_again.is_replay() && alice_again.body == alice.body);
-    assert_eq!(upstream.executions(), 3);
+    assert_eq!(upstream.executions(), 2);
 }
 
 async fn duplicate_in_flight_gets_409_after_the_wait_and_422_wins(store: StoreKind) {
@@ -278,26 +316,53 @@ async fn duplicate_in_flight_gets_409_after_the_wait_and_422_wins(store: StoreKi
     assert_eq!(upstream.executions(), 1);
 }
 
-async fn oversized_responses_are_delivered_and_released(store: StoreKind) {
+async fn oversized_responses_are_delivered_and_recorded_as_executed(store: StoreKind) {
     let behavior = Behavior { padding: 4000, ..Behavior::default() };
     let (upstream, gw, client) = setup(&store, r#"max_stored_body = "1KiB""#, behavior).await;
     let r = client.post_json("/orders", Some("huge"), ORDER).await;
     assert_eq!(r.status, 201);
     assert!(r.body.len() > 4000, "the whole body reached the client");
     assert_eq!(r.json()["padding"].as_str().unwrap().len(), 4000);
-    assert_eq!(gw.gateway.store.get(&record_key(&gw, "huge", None)).await.unwrap(), None, "released");
+    wait_for(|| async {
+        let entry = gw.gateway.store.get(&record_key(&gw, "huge")).await.unwrap();
+        matches!(entry, Some(e) if e.state == EntryState::Executed { status: 201 })
+    })
+    .await;
+    // The retry learns that the request ran, with its status and headers, and never runs it.
     let again = client.post_json("/orders", Some("huge"), ORDER).await;
-    assert!(!again.is_replay());
-    assert_eq!(upstream.executions(), 2);
+    assert_eq!(again.status, 201);
+    assert!(again.is_replay());
+    assert_eq!(again.problem(), "response-not-stored");
+    assert_eq!(again.header("x-execution"), Some("1"), "the stored headers come along");
+    assert_eq!(again.header("set-cookie"), None);
+    assert_eq!(upstream.executions(), 1);
 }
 
-async fn upstream_timeout_is_504_and_releases(store: StoreKind) {
+async fn upstream_timeout_is_504_and_holds_the_key_as_unknown(store: StoreKind) {
     let (upstream, gw, client) = setup(&store, "", slow(3500)).await;
     let r = client.post_json("/orders", Some("slowpoke"), ORDER).await;
     assert_eq!(r.status, 504);
-    assert_eq!(r.problem(), "upstream-timeout");
-    assert_eq!(gw.gateway.store.get(&record_key(&gw, "slowpoke", None)).await.unwrap(), None);
+    assert_eq!(r.problem(), "outcome-unknown");
+    let entry = gw.gateway.store.get(&record_key(&gw, "slowpoke")).await.unwrap().unwrap();
+    assert_eq!(entry.state, EntryState::Unknown);
+    // The upstream may well have acted on it: the retry is refused, nothing is forwarded.
+    let retry = client.post_json("/orders", Some("slowpoke"), ORDER).await;
+    assert_eq!((retry.status.as_u16(), retry.problem().as_str()), (502, "outcome-unknown"));
+    assert!(retry.json()["detail"].as_str().unwrap().contains("Check the state of the resource"));
     assert_eq!(upstream.executions(), 1);
+}
+
+async fn upstream_timeout_on_a_release_route_lets_the_retry_run(store: StoreKind) {
+    let (upstream, gw, client) = setup(&store, r#"on_unknown_outcome = "release""#, slow(3500)).await;
+    let r = client.post_json("/orders", Some("slowpoke"), ORDER).await;
+    assert_eq!((r.status.as_u16(), r.problem().as_str()), (504, "upstream-timeout"));
+    let entry = gw.gateway.store.get(&record_key(&gw, "slowpoke")).await.unwrap().unwrap();
+    assert_eq!((entry.state, entry.attempt), (EntryState::Released, 1));
+    upstream.set(|b| b.delay = Duration::ZERO);
+    let retry = client.post_json("/orders", Some("slowpoke"), ORDER).await;
+    assert_eq!(retry.status, 201);
+    assert_eq!(upstream.executions(), 2);
+    assert_eq!(upstream.seen()[1].headers["idempotency-attempt"], "2", "the upstream can tell the re-run");
 }
 
 async fn lease_is_renewed_while_the_upstream_is_slow(store: StoreKind) {
@@ -414,13 +479,20 @@ async fn admin_reports_health_readiness_metrics_and_keys(store: StoreKind) {
     let admin = gw.admin_client();
     assert_eq!(admin.get("/healthz", &[]).await.status, 200);
     assert_eq!(admin.get("/readyz", &[]).await.status, 200);
+    let head = admin.send(Method::HEAD, "/healthz", &[], "").await;
+    assert_eq!((head.status.as_u16(), head.body.len()), (200, 0), "HEAD works where GET does");
+    let post = admin.send(Method::POST, "/keys", &[], "").await;
+    assert_eq!((post.status.as_u16(), post.header("allow")), (405, Some("GET, HEAD, DELETE")));
+    assert_eq!(post.problem(), "admin-method");
+    assert_eq!(admin.get("/nothing", &[]).await.status, 404);
     client.post_json("/orders", Some("m"), ORDER).await;
     client.post_json("/orders", Some("m"), ORDER).await;
     let metrics = String::from_utf8(admin.get("/metrics", &[]).await.body.to_vec()).unwrap();
     assert!(metrics.contains(r#"idemgate_requests_total{route="orders",outcome="executed"} 1"#), "{metrics}");
     assert!(metrics.contains(r#"idemgate_requests_total{route="orders",outcome="replayed"} 1"#), "{metrics}");
 
-    let path = "/keys?route=orders&key=m";
+    // The scope is the caller's credential, as the route's scope source reads it.
+    let path = "/keys?route=orders&key=m&scope=Bearer%20tester";
     assert_eq!(admin.get(path, &[]).await.status, 401);
     assert_eq!(admin.get(path, &[("authorization", "Bearer wrong-token-wrong-token")]).await.status, 401);
     let auth = [("authorization", "Bearer test-admin-token-0123456789")];
@@ -428,11 +500,18 @@ async fn admin_reports_health_readiness_metrics_and_keys(store: StoreKind) {
     assert_eq!(r.status, 200);
     assert_eq!(r.json()["state"], "completed");
     assert_eq!(r.json()["status"], 201);
+    assert_eq!(r.json()["attempt"], 1);
     let r = admin.send(Method::DELETE, path, &auth, "").await;
-    assert_eq!(r.json()["deleted"], true);
-    assert_eq!(admin.get(path, &auth).await.status, 404);
+    assert_eq!((r.json()["released"].clone(), r.json()["was"].clone()), (true.into(), "completed".into()));
+    let r = admin.get(path, &auth).await;
+    assert_eq!((r.json()["state"].clone(), r.json()["attempt"].clone()), ("released".into(), 1.into()));
     let again = client.post_json("/orders", Some("m"), ORDER).await;
-    assert!(!again.is_replay(), "a purged key runs again");
+    assert!(!again.is_replay(), "a released key runs again");
+    assert_eq!(upstream_attempts(&again), None, "the client does not see the attempt header");
+    // The same record, found by the scope's hash instead of the credential.
+    let hash = record_scope_hash(&gw);
+    let r = admin.get(&format!("/keys?route=orders&key=m&scope_hash={hash}"), &auth).await;
+    assert_eq!((r.json()["state"].clone(), r.json()["attempt"].clone()), ("completed".into(), 2.into()));
 }
 
 // ---- instantiation ---------------------------------------------------------------------
@@ -467,12 +546,13 @@ on_both_backends!(
     two_hundred_distinct_keys_run_two_hundred_times,
     client_disconnect_mid_flight_still_stores_the_result,
     server_errors_release_the_key_and_the_retry_runs_again,
-    client_errors_are_stored_and_replayed,
+    each_status_class_is_stored_or_released_as_the_policy_says,
     crashed_owner_is_taken_over_after_its_lease,
     same_key_from_two_callers_is_two_records,
     duplicate_in_flight_gets_409_after_the_wait_and_422_wins,
-    oversized_responses_are_delivered_and_released,
-    upstream_timeout_is_504_and_releases,
+    oversized_responses_are_delivered_and_recorded_as_executed,
+    upstream_timeout_is_504_and_holds_the_key_as_unknown,
+    upstream_timeout_on_a_release_route_lets_the_retry_run,
     lease_is_renewed_while_the_upstream_is_slow,
     optional_key_absent_passes_through,
     forwarded_request_is_clean_and_keeps_the_key,
@@ -526,7 +606,7 @@ async fn unreachable_upstream_is_502_and_releases() {
     let r = gw.client().post_json("/orders", Some("nowhere"), ORDER).await;
     assert_eq!(r.status, 502);
     assert_eq!(r.problem(), "upstream-unavailable");
-    assert_eq!(gw.gateway.store.get(&record_key(&gw, "nowhere", None)).await.unwrap(), None);
+    assert_eq!(gw.gateway.store.get(&record_key(&gw, "nowhere")).await.unwrap(), None);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -578,6 +658,17 @@ async fn waiters_are_woken_by_the_store_not_by_polling() {
 
 // ---- helpers ---------------------------------------------------------------------------
 
+fn upstream_attempts(reply: &Reply) -> Option<&str> {
+    reply.header("idempotency-attempt")
+}
+
+/// The hex scope hash of the default caller on route `orders`.
+fn record_scope_hash(gw: &TestGateway) -> String {
+    let policy = gw.gateway.route("orders").unwrap().policy.clone().unwrap();
+    let h = HeaderMap::from_iter([(http::header::AUTHORIZATION, HeaderValue::from_static(DEFAULT_AUTH))]);
+    scope::derive(&policy.scope, policy.on_missing_scope, &h).unwrap().to_hex()
+}
+
 fn client_addr(client: &Client) -> std::net::SocketAddr {
     client.addr()
 }
@@ -619,7 +710,7 @@ where
 
 /// Sends a POST with raw header bytes and reads the whole response.
 async fn raw_post(addr: std::net::SocketAddr, path: &str, headers: &[(&str, &[u8])], body: &str) -> Reply {
-    let mut req = format!("POST {path} HTTP/1.1\r\nhost: t\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n", body.len()).into_bytes();
+    let mut req = format!("POST {path} HTTP/1.1\r\nhost: t\r\nconnection: close\r\nauthorization: {DEFAULT_AUTH}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n", body.len()).into_bytes();
     for (k, v) in headers {
         req.extend_from_slice(k.as_bytes());
         req.extend_from_slice(b": ");
@@ -633,7 +724,7 @@ async fn raw_post(addr: std::net::SocketAddr, path: &str, headers: &[(&str, &[u8
 
 async fn raw_chunked_post(addr: std::net::SocketAddr, path: &str, key: &str, body: &[u8]) -> String {
     let mut req = format!(
-        "POST {path} HTTP/1.1\r\nhost: t\r\nconnection: close\r\ncontent-type: application/json\r\nidempotency-key: {key}\r\ntransfer-encoding: chunked\r\n\r\n"
+        "POST {path} HTTP/1.1\r\nhost: t\r\nconnection: close\r\nauthorization: {DEFAULT_AUTH}\r\ncontent-type: application/json\r\nidempotency-key: {key}\r\ntransfer-encoding: chunked\r\n\r\n"
     )
     .into_bytes();
     for chunk in body.chunks(16) {

@@ -12,9 +12,10 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use idemgate::idempotent::fingerprint::Fingerprint;
 use idemgate::idempotent::key;
-use idemgate::idempotent::scope::{self, ScopeSource};
+use idemgate::idempotent::scope::{self, MissingScope, ScopeSource};
 use idemgate::store::{
-    Backend, Claim, Entry, MemoryStore, RecordKey, RedisStore, Renewal, Settled, Store, StoredResponse,
+    Backend, Claim, EntryState, Final, Lease, MemoryStore, OwnerToken, RecordKey, RedisStore, Renewal, Sent, Settled,
+    Store, StoredResponse,
 };
 use support::redis::RedisServer;
 
@@ -31,7 +32,8 @@ fn record(prefix: &str, name: &str) -> RecordKey {
     let mut h = HeaderMap::new();
     h.insert("idempotency-key", HeaderValue::from_str(name).unwrap());
     let k = key::extract(&h, &http::HeaderName::from_static("idempotency-key"), 255).unwrap().unwrap();
-    RecordKey::new(prefix, "orders", &scope::derive(&ScopeSource::Global, &HeaderMap::new()), &k)
+    let scope = scope::derive(&ScopeSource::Global, MissingScope::Reject, &HeaderMap::new()).unwrap();
+    RecordKey::new(prefix, "orders", &scope, &k)
 }
 
 fn response(body: &'static [u8]) -> StoredResponse {
@@ -48,14 +50,23 @@ async fn acquire(
     fingerprint: Fingerprint,
     lease: Duration,
 ) -> idemgate::store::Lease {
-    match store.claim(key, &fingerprint, lease, TTL).await.unwrap() {
+    match store.claim(key, &fingerprint, OwnerToken::generate(), lease, TTL).await.unwrap() {
         Claim::Acquired(lease) => lease,
         other => panic!("expected Acquired, got {other:?}"),
     }
 }
 
 async fn claim(store: &Backend, key: &RecordKey, fingerprint: Fingerprint) -> Claim {
-    store.claim(key, &fingerprint, LEASE, TTL).await.unwrap()
+    store.claim(key, &fingerprint, OwnerToken::generate(), LEASE, TTL).await.unwrap()
+}
+
+async fn complete(store: &Backend, lease: Lease, response: &StoredResponse, retention: Duration) -> Settled {
+    store.settle(&lease, Final::Response(response), retention).await.unwrap()
+}
+
+async fn release(store: &Backend, lease: Lease, sent: Sent) -> Settled {
+    let (key, owner, ttl) = lease.into_release();
+    store.release(&key, owner, sent, ttl).await.unwrap()
 }
 
 // ---- scenarios -------------------------------------------------------------------------
@@ -78,7 +89,7 @@ async fn different_fingerprint_is_mismatch_while_in_flight_and_after(store: Back
     let k = record(&p, "a");
     let lease = acquire(&store, &k, fp(1), LEASE).await;
     assert!(matches!(claim(&store, &k, fp(2)).await, Claim::Mismatch));
-    assert_eq!(store.complete(lease, &response(b"{}"), RETENTION).await.unwrap(), Settled::Done);
+    assert_eq!(complete(&store, lease, &response(b"{}"), RETENTION).await, Settled::Done);
     assert!(matches!(claim(&store, &k, fp(2)).await, Claim::Mismatch));
 }
 
@@ -86,7 +97,7 @@ async fn completed_response_is_replayed_exactly(store: Backend, p: String) {
     let k = record(&p, "a");
     let lease = acquire(&store, &k, fp(1), LEASE).await;
     let body: &'static [u8] = b"{\"order_id\":7}\x00\xff\r\n binary";
-    assert_eq!(store.complete(lease, &response(body), RETENTION).await.unwrap(), Settled::Done);
+    assert_eq!(complete(&store, lease, &response(body), RETENTION).await, Settled::Done);
     for _ in 0..2 {
         match claim(&store, &k, fp(1)).await {
             Claim::Completed(r) => assert_eq!(r, response(body)),
@@ -95,13 +106,61 @@ async fn completed_response_is_replayed_exactly(store: Backend, p: String) {
     }
 }
 
-async fn release_makes_the_key_absent_again(store: Backend, p: String) {
+async fn release_keeps_the_attempt_and_lets_any_request_run(store: Backend, p: String) {
     let k = record(&p, "a");
     let lease = acquire(&store, &k, fp(1), LEASE).await;
-    assert_eq!(store.release(lease).await.unwrap(), Settled::Done);
-    assert_eq!(store.get(&k).await.unwrap(), None);
+    assert_eq!(release(&store, lease, Sent::Maybe).await, Settled::Done);
+    let entry = store.get(&k).await.unwrap().unwrap();
+    assert_eq!((entry.state, entry.attempt), (EntryState::Released, 1));
     let again = acquire(&store, &k, fp(2), LEASE).await;
-    assert_eq!(again.attempt(), 1, "a released key starts over, even with another fingerprint");
+    assert_eq!(again.attempt(), 2, "a released key runs again, even with another fingerprint, as the next attempt");
+    // An attempt that never reached the upstream gives its number back.
+    assert_eq!(release(&store, again, Sent::No).await, Settled::Done);
+    assert_eq!(acquire(&store, &k, fp(1), LEASE).await.attempt(), 2);
+}
+
+async fn a_first_attempt_released_unsent_leaves_nothing(store: Backend, p: String) {
+    let k = record(&p, "a");
+    let lease = acquire(&store, &k, fp(1), LEASE).await;
+    assert_eq!(release(&store, lease, Sent::No).await, Settled::Done);
+    assert_eq!(store.get(&k).await.unwrap(), None);
+    assert_eq!(acquire(&store, &k, fp(2), LEASE).await.attempt(), 1);
+}
+
+async fn an_unknown_outcome_refuses_retries_until_purged(store: Backend, p: String) {
+    let k = record(&p, "a");
+    let lease = acquire(&store, &k, fp(1), LEASE).await;
+    assert_eq!(store.settle(&lease, Final::Unknown, RETENTION).await.unwrap(), Settled::Done);
+    for _ in 0..2 {
+        assert!(matches!(claim(&store, &k, fp(1)).await, Claim::Unknown { attempt: 1 }));
+    }
+    assert!(matches!(claim(&store, &k, fp(2)).await, Claim::Mismatch), "422 is still checked first");
+    assert_eq!(store.purge(&k).await.unwrap(), Some("unknown"));
+    assert_eq!(acquire(&store, &k, fp(1), LEASE).await.attempt(), 2, "after reconciling, the next attempt");
+}
+
+async fn an_executed_record_answers_with_its_head(store: Backend, p: String) {
+    let k = record(&p, "a");
+    let lease = acquire(&store, &k, fp(1), LEASE).await;
+    let head = response(b"");
+    assert_eq!(store.settle(&lease, Final::Executed(&head), RETENTION).await.unwrap(), Settled::Done);
+    match claim(&store, &k, fp(1)).await {
+        Claim::Executed(r) => assert_eq!(r, head),
+        other => panic!("expected Executed, got {other:?}"),
+    }
+    assert_eq!(store.get(&k).await.unwrap().unwrap().state, EntryState::Executed { status: 201 });
+}
+
+async fn a_claim_whose_reply_was_lost_is_released_by_its_owner(store: Backend, p: String) {
+    // The gateway made the owner token before the call; the reply never reached it.
+    let k = record(&p, "a");
+    let owner = OwnerToken::generate();
+    assert!(matches!(store.claim(&k, &fp(1), owner, LEASE, TTL).await.unwrap(), Claim::Acquired(_)));
+    assert_eq!(store.release(&k, owner, Sent::No, TTL).await.unwrap(), Settled::Done);
+    assert_eq!(acquire(&store, &k, fp(1), LEASE).await.attempt(), 1, "the retry runs at once, as attempt 1");
+    // Another owner's token releases nothing.
+    assert_eq!(store.release(&k, OwnerToken::generate(), Sent::No, TTL).await.unwrap(), Settled::Lost);
+    assert!(matches!(claim(&store, &k, fp(1)).await, Claim::InFlight { .. }));
 }
 
 async fn expired_lease_is_taken_over_and_the_stale_owner_is_locked_out(store: Backend, p: String) {
@@ -112,9 +171,9 @@ async fn expired_lease_is_taken_over_and_the_stale_owner_is_locked_out(store: Ba
     assert_eq!(fresh.attempt(), 2);
     // The stale owner can no longer touch the record.
     assert_eq!(store.renew(&stale).await.unwrap(), Renewal::Lost);
-    assert_eq!(store.complete(stale, &response(b"stale"), RETENTION).await.unwrap(), Settled::Lost);
+    assert_eq!(complete(&store, stale, &response(b"stale"), RETENTION).await, Settled::Lost);
     assert!(matches!(claim(&store, &k, fp(1)).await, Claim::InFlight { .. }), "the fresh claim still holds");
-    assert_eq!(store.complete(fresh, &response(b"fresh"), RETENTION).await.unwrap(), Settled::Done);
+    assert_eq!(complete(&store, fresh, &response(b"fresh"), RETENTION).await, Settled::Done);
     match claim(&store, &k, fp(1)).await {
         Claim::Completed(r) => assert_eq!(r.body, Bytes::from_static(b"fresh")),
         other => panic!("expected Completed, got {other:?}"),
@@ -126,7 +185,7 @@ async fn stale_owner_cannot_release_the_new_claim(store: Backend, p: String) {
     let stale = acquire(&store, &k, fp(1), Duration::from_millis(100)).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     let _fresh = acquire(&store, &k, fp(1), LEASE).await;
-    assert_eq!(store.release(stale).await.unwrap(), Settled::Lost);
+    assert_eq!(release(&store, stale, Sent::Maybe).await, Settled::Lost);
     assert!(matches!(claim(&store, &k, fp(1)).await, Claim::InFlight { .. }));
 }
 
@@ -144,7 +203,7 @@ async fn renewal_keeps_a_claim_past_its_original_lease(store: Backend, p: String
 async fn retention_expires_completed_records(store: Backend, p: String) {
     let k = record(&p, "a");
     let lease = acquire(&store, &k, fp(1), LEASE).await;
-    store.complete(lease, &response(b"{}"), Duration::from_millis(150)).await.unwrap();
+    complete(&store, lease, &response(b"{}"), Duration::from_millis(150)).await;
     assert!(matches!(claim(&store, &k, fp(1)).await, Claim::Completed(_)));
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(store.get(&k).await.unwrap(), None);
@@ -153,46 +212,48 @@ async fn retention_expires_completed_records(store: Backend, p: String) {
 
 async fn open_claims_expire_with_their_ttl(store: Backend, p: String) {
     let k = record(&p, "a");
-    let lease = store.claim(&k, &fp(1), Duration::from_millis(100), Duration::from_millis(200)).await.unwrap();
+    let lease = store
+        .claim(&k, &fp(1), OwnerToken::generate(), Duration::from_millis(100), Duration::from_millis(200))
+        .await
+        .unwrap();
     assert!(matches!(lease, Claim::Acquired(_)));
     tokio::time::sleep(Duration::from_millis(350)).await;
     assert_eq!(store.get(&k).await.unwrap(), None, "a crashed claim does not block the key forever");
 }
 
-async fn get_describes_records_and_delete_purges_them(store: Backend, p: String) {
+async fn get_describes_records_and_purge_releases_them(store: Backend, p: String) {
     let k = record(&p, "a");
     assert_eq!(store.get(&k).await.unwrap(), None);
     let lease = acquire(&store, &k, fp(1), LEASE).await;
-    match store.get(&k).await.unwrap() {
-        Some(Entry::InProgress { attempt: 1, lease_left, expires_in }) => {
-            assert!(lease_left > Duration::ZERO && lease_left <= LEASE);
-            assert!(expires_in > LEASE);
-        }
+    let entry = store.get(&k).await.unwrap().unwrap();
+    match entry.state {
+        EntryState::InProgress { lease_left } => assert!(lease_left > Duration::ZERO && lease_left <= LEASE),
         other => panic!("expected InProgress, got {other:?}"),
     }
-    store.complete(lease, &response(b"12345"), RETENTION).await.unwrap();
-    match store.get(&k).await.unwrap() {
-        Some(Entry::Completed { attempt: 1, status: 201, body_len: 5, expires_in }) => assert!(expires_in <= RETENTION),
-        other => panic!("expected Completed, got {other:?}"),
-    }
-    assert!(store.delete(&k).await.unwrap());
-    assert!(!store.delete(&k).await.unwrap());
-    assert_eq!(store.get(&k).await.unwrap(), None);
+    assert!(entry.attempt == 1 && entry.expires_in > LEASE, "{entry:?}");
+    complete(&store, lease, &response(b"12345"), RETENTION).await;
+    let entry = store.get(&k).await.unwrap().unwrap();
+    assert_eq!(entry.state, EntryState::Completed { status: 201, body_len: 5 });
+    assert!(entry.attempt == 1 && entry.expires_in <= RETENTION);
+    assert_eq!(store.purge(&k).await.unwrap(), Some("completed"));
+    assert_eq!(store.purge(&k).await.unwrap(), None);
+    let entry = store.get(&k).await.unwrap().unwrap();
+    assert_eq!((entry.state, entry.attempt), (EntryState::Released, 1));
 }
 
 async fn purged_claim_cannot_be_completed(store: Backend, p: String) {
     let k = record(&p, "a");
     let lease = acquire(&store, &k, fp(1), LEASE).await;
-    store.delete(&k).await.unwrap();
+    assert_eq!(store.purge(&k).await.unwrap(), Some("in_progress"));
     assert_eq!(store.renew(&lease).await.unwrap(), Renewal::Lost);
-    assert_eq!(store.complete(lease, &response(b"{}"), RETENTION).await.unwrap(), Settled::Lost);
-    assert_eq!(store.get(&k).await.unwrap(), None);
+    assert_eq!(complete(&store, lease, &response(b"{}"), RETENTION).await, Settled::Lost);
+    assert_eq!(store.get(&k).await.unwrap().unwrap().state, EntryState::Released);
 }
 
 async fn watch_fires_on_complete_and_release_of_its_key_only(store: Backend, p: String) {
     let far = || tokio::time::Instant::now() + Duration::from_secs(5);
-    for complete in [true, false] {
-        let k = record(&p, if complete { "c" } else { "r" });
+    for settles in [true, false] {
+        let k = record(&p, if settles { "c" } else { "r" });
         let lease = acquire(&store, &k, fp(1), Duration::from_secs(10)).await;
         // A waiter flags the record so that the Redis owner publishes on settle.
         assert!(matches!(claim(&store, &k, fp(1)).await, Claim::InFlight { .. }));
@@ -200,10 +261,10 @@ async fn watch_fires_on_complete_and_release_of_its_key_only(store: Backend, p: 
         let started = tokio::time::Instant::now();
         let waiter = tokio::spawn(async move { watch.changed(far()).await });
         tokio::time::sleep(Duration::from_millis(50)).await;
-        if complete {
-            store.complete(lease, &response(b"{}"), RETENTION).await.unwrap();
+        if settles {
+            complete(&store, lease, &response(b"{}"), RETENTION).await;
         } else {
-            store.release(lease).await.unwrap();
+            release(&store, lease, Sent::Maybe).await;
         }
         waiter.await.unwrap();
         assert!(started.elapsed() < Duration::from_secs(2), "woken by the settle, not by the deadline");
@@ -221,7 +282,7 @@ async fn concurrent_claims_acquire_exactly_once(store: Backend, p: String) {
     let tasks: Vec<_> = (0..50)
         .map(|_| {
             let (store, k) = (store.clone(), k.clone());
-            tokio::spawn(async move { store.claim(&k, &fp(1), LEASE, TTL).await.unwrap() })
+            tokio::spawn(async move { store.claim(&k, &fp(1), OwnerToken::generate(), LEASE, TTL).await.unwrap() })
         })
         .collect();
     let mut acquired = 0;
@@ -238,9 +299,9 @@ async fn concurrent_claims_acquire_exactly_once(store: Backend, p: String) {
 async fn keys_are_independent(store: Backend, p: String) {
     let a = acquire(&store, &record(&p, "a"), fp(1), LEASE).await;
     let b = acquire(&store, &record(&p, "b"), fp(1), LEASE).await;
-    store.complete(a, &response(b"a"), RETENTION).await.unwrap();
+    complete(&store, a, &response(b"a"), RETENTION).await;
     assert!(matches!(claim(&store, &record(&p, "b"), fp(1)).await, Claim::InFlight { .. }));
-    store.release(b).await.unwrap();
+    release(&store, b, Sent::Maybe).await;
     assert!(matches!(claim(&store, &record(&p, "a"), fp(1)).await, Claim::Completed(_)));
 }
 
@@ -282,13 +343,17 @@ contract!(
     live_claim_reports_in_flight_with_lease_left,
     different_fingerprint_is_mismatch_while_in_flight_and_after,
     completed_response_is_replayed_exactly,
-    release_makes_the_key_absent_again,
+    release_keeps_the_attempt_and_lets_any_request_run,
+    a_first_attempt_released_unsent_leaves_nothing,
+    an_unknown_outcome_refuses_retries_until_purged,
+    an_executed_record_answers_with_its_head,
+    a_claim_whose_reply_was_lost_is_released_by_its_owner,
     expired_lease_is_taken_over_and_the_stale_owner_is_locked_out,
     stale_owner_cannot_release_the_new_claim,
     renewal_keeps_a_claim_past_its_original_lease,
     retention_expires_completed_records,
     open_claims_expire_with_their_ttl,
-    get_describes_records_and_delete_purges_them,
+    get_describes_records_and_purge_releases_them,
     purged_claim_cannot_be_completed,
     watch_fires_on_complete_and_release_of_its_key_only,
     concurrent_claims_acquire_exactly_once,

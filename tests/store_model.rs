@@ -6,18 +6,23 @@
 //!
 //! ```text
 //! absent ──claim──▶ in_progress{fp, owner, deadline = now + lease, attempt 1}   expires now + max(ttl, lease)
+//! released{attempt}, any fp ──claim──▶ in_progress{.., attempt + 1}             expires now + max(ttl, lease)
 //! in_progress, same fp, deadline > now ──claim──▶ InFlight{deadline - now}
 //! in_progress, same fp, deadline <= now ──claim──▶ takeover: attempt + 1, new owner, new
 //!                                                   deadline, expires now + max(ttl, lease)
-//! any record, other fp ──claim──▶ Mismatch (the fingerprint is compared first)
+//! any other record, other fp ──claim──▶ Mismatch (the fingerprint is compared first)
 //! completed, same fp ──claim──▶ Completed(response)
+//! executed, same fp ──claim──▶ Executed(status and headers)
+//! unknown, same fp ──claim──▶ Unknown{attempt}
 //! in_progress ──renew(owner)──▶ deadline = now + lease; if expires - now < lease, expires = now + ttl
-//! in_progress ──complete(owner)──▶ completed{response}, expires now + retention
-//! in_progress ──release(owner)──▶ absent
+//! in_progress ──settle(owner, end)──▶ completed | executed | unknown, expires now + retention
+//! in_progress ──release(owner, sent)──▶ released{attempt, or attempt - 1 if not sent}, expires
+//!                                        now + ttl; absent when that leaves attempt 0
+//! in_progress | completed | executed | unknown ──purge──▶ released{attempt}, expiry kept
 //! a record whose expiry is <= now is absent
 //! ```
 //!
-//! Renew, complete and release by anyone but the current owner are `Lost` and write nothing;
+//! Renew, settle and release by anyone but the current owner are `Lost` and write nothing;
 //! the owner may still settle after its own deadline as long as nobody took over.
 //!
 //! Time: the memory store reads tokio's clock, which is paused and advanced exactly. Redis
@@ -34,9 +39,10 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use idemgate::idempotent::fingerprint::Fingerprint;
 use idemgate::idempotent::key;
-use idemgate::idempotent::scope::{self, ScopeSource};
+use idemgate::idempotent::scope::{self, MissingScope, ScopeSource};
 use idemgate::store::{
-    Claim, Entry, Lease, MemoryStore, RecordKey, RedisStore, Renewal, Settled, Store, StoredResponse,
+    Claim, EntryState, Final, Lease, MemoryStore, OwnerToken, RecordKey, RedisStore, Renewal, Sent, Settled, Store,
+    StoredResponse,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};
@@ -79,21 +85,37 @@ const REDIS_CASES: u32 = 2_000;
 enum Op {
     Claim { key: usize, fp: u8 },
     Renew { lease: usize },
-    Complete { lease: usize, response: usize },
-    Release { lease: usize },
+    Settle { lease: usize, end: End },
+    Release { lease: usize, sent: bool },
     Get { key: usize },
-    Delete { key: usize },
+    Purge { key: usize },
     Advance { ms: u64 },
+}
+
+/// How a settle ends a claim: a stored response, an executed head, or unknown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum End {
+    Response(usize),
+    Executed(usize),
+    Unknown,
+}
+
+fn end() -> impl Strategy<Value = End> {
+    prop_oneof![
+        3 => (0..RESPONSES).prop_map(End::Response),
+        1 => (0..RESPONSES).prop_map(End::Executed),
+        1 => Just(End::Unknown),
+    ]
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => (0..KEYS, 0..FINGERPRINTS).prop_map(|(key, fp)| Op::Claim { key, fp }),
         2 => (0..LEASE_INDICES).prop_map(|lease| Op::Renew { lease }),
-        2 => (0..LEASE_INDICES, 0..RESPONSES).prop_map(|(lease, response)| Op::Complete { lease, response }),
-        1 => (0..LEASE_INDICES).prop_map(|lease| Op::Release { lease }),
+        2 => (0..LEASE_INDICES, end()).prop_map(|(lease, end)| Op::Settle { lease, end }),
+        1 => (0..LEASE_INDICES, any::<bool>()).prop_map(|(lease, sent)| Op::Release { lease, sent }),
         2 => (0..KEYS).prop_map(|key| Op::Get { key }),
-        1 => (0..KEYS).prop_map(|key| Op::Delete { key }),
+        1 => (0..KEYS).prop_map(|key| Op::Purge { key }),
         3 => prop::sample::select(&ADVANCES_MS[..]).prop_map(|ms| Op::Advance { ms }),
     ]
 }
@@ -110,6 +132,12 @@ enum Outcome {
     },
     Replayed {
         response: usize,
+    },
+    ExecutedReplay {
+        response: usize,
+    },
+    UnknownRefused {
+        attempt: u32,
     },
     InFlight {
         lease_left_ms: u64,
@@ -131,7 +159,20 @@ enum Outcome {
         response: usize,
         expires_in_ms: u64,
     },
-    Deleted(bool),
+    ExecutedEntry {
+        attempt: u32,
+        response: usize,
+        expires_in_ms: u64,
+    },
+    UnknownEntry {
+        attempt: u32,
+        expires_in_ms: u64,
+    },
+    ReleasedEntry {
+        attempt: u32,
+        expires_in_ms: u64,
+    },
+    Purged(Option<&'static str>),
     Advanced,
 }
 
@@ -141,18 +182,40 @@ enum Outcome {
 enum Record {
     InProgress { fp: u8, attempt: u32, owner: u64, deadline: u64, expires: u64 },
     Completed { fp: u8, attempt: u32, response: usize, expires: u64 },
+    Executed { fp: u8, attempt: u32, response: usize, expires: u64 },
+    Unknown { fp: u8, attempt: u32, expires: u64 },
+    Released { attempt: u32, expires: u64 },
 }
 
 impl Record {
-    fn fp(&self) -> u8 {
+    fn expires(&self) -> u64 {
         match self {
-            Record::InProgress { fp, .. } | Record::Completed { fp, .. } => *fp,
+            Record::InProgress { expires, .. }
+            | Record::Completed { expires, .. }
+            | Record::Executed { expires, .. }
+            | Record::Unknown { expires, .. }
+            | Record::Released { expires, .. } => *expires,
         }
     }
 
-    fn expires(&self) -> u64 {
+    fn attempt(&self) -> u32 {
         match self {
-            Record::InProgress { expires, .. } | Record::Completed { expires, .. } => *expires,
+            Record::InProgress { attempt, .. }
+            | Record::Completed { attempt, .. }
+            | Record::Executed { attempt, .. }
+            | Record::Unknown { attempt, .. }
+            | Record::Released { attempt, .. } => *attempt,
+        }
+    }
+
+    /// The fingerprint a claim is compared with; a released record has none.
+    fn fp(&self) -> Option<u8> {
+        match self {
+            Record::InProgress { fp, .. }
+            | Record::Completed { fp, .. }
+            | Record::Executed { fp, .. }
+            | Record::Unknown { fp, .. } => Some(*fp),
+            Record::Released { .. } => None,
         }
     }
 }
@@ -175,6 +238,11 @@ struct Stats {
     open_claims_expired_exactly: u64,
     completed_expired: u64,
     completed_expired_exactly: u64,
+    released_claimed: u64,
+    released_not_sent_gone: u64,
+    executed_replays: u64,
+    unknown_refused: u64,
+    purged: u64,
     redis_renew_ties: u64,
     redis_renew_ties_raised: u64,
 }
@@ -205,8 +273,22 @@ impl Model {
                 *record = Some(fresh(1));
                 Outcome::Acquired { attempt: 1 }
             }
-            Some(r) if r.fp() != fp => Outcome::Mismatch,
+            Some(Record::Released { attempt, .. }) => {
+                stats.released_claimed += 1;
+                let attempt = *attempt + 1;
+                *record = Some(fresh(attempt));
+                Outcome::Acquired { attempt }
+            }
+            Some(r) if r.fp() != Some(fp) => Outcome::Mismatch,
             Some(Record::Completed { response, .. }) => Outcome::Replayed { response: *response },
+            Some(Record::Executed { response, .. }) => {
+                stats.executed_replays += 1;
+                Outcome::ExecutedReplay { response: *response }
+            }
+            Some(Record::Unknown { attempt, .. }) => {
+                stats.unknown_refused += 1;
+                Outcome::UnknownRefused { attempt: *attempt }
+            }
             Some(Record::InProgress { deadline, .. }) if *deadline > now => {
                 Outcome::InFlight { lease_left_ms: *deadline - now }
             }
@@ -267,39 +349,71 @@ impl Model {
         }
     }
 
-    fn complete(&mut self, key: usize, owner: u64, response: usize, stats: &mut Stats) -> Outcome {
+    fn settle(&mut self, key: usize, owner: u64, end: End, stats: &mut Stats) -> Outcome {
         let now = self.now;
         let Some(&mut Record::InProgress { fp, attempt, .. }) = self.owned(key, owner, stats) else {
             return Outcome::Lost;
         };
-        self.records[key] = Some(Record::Completed { fp, attempt, response, expires: now + RETENTION_MS });
+        let expires = now + RETENTION_MS;
+        self.records[key] = Some(match end {
+            End::Response(response) => Record::Completed { fp, attempt, response, expires },
+            End::Executed(response) => Record::Executed { fp, attempt, response, expires },
+            End::Unknown => Record::Unknown { fp, attempt, expires },
+        });
         Outcome::Done
     }
 
-    fn release(&mut self, key: usize, owner: u64, stats: &mut Stats) -> Outcome {
-        if self.owned(key, owner, stats).is_none() {
+    fn release(&mut self, key: usize, owner: u64, sent: bool, stats: &mut Stats) -> Outcome {
+        let now = self.now;
+        let Some(&mut Record::InProgress { attempt, .. }) = self.owned(key, owner, stats) else {
             return Outcome::Lost;
+        };
+        let attempt = if sent { attempt } else { attempt - 1 };
+        if attempt == 0 {
+            stats.released_not_sent_gone += 1;
+            self.records[key] = None;
+        } else {
+            self.records[key] = Some(Record::Released { attempt, expires: now + TTL_MS.max(LEASE_MS) });
         }
-        self.records[key] = None;
         Outcome::Done
     }
 
     fn get(&self, key: usize) -> Outcome {
+        let now = self.now;
         match &self.records[key] {
             None => Outcome::Absent,
             Some(Record::InProgress { attempt, deadline, expires, .. }) => Outcome::InProgress {
                 attempt: *attempt,
-                lease_left_ms: deadline.saturating_sub(self.now),
-                expires_in_ms: expires - self.now,
+                lease_left_ms: deadline.saturating_sub(now),
+                expires_in_ms: expires - now,
             },
             Some(Record::Completed { attempt, response, expires, .. }) => {
-                Outcome::Completed { attempt: *attempt, response: *response, expires_in_ms: expires - self.now }
+                Outcome::Completed { attempt: *attempt, response: *response, expires_in_ms: expires - now }
+            }
+            Some(Record::Executed { attempt, response, expires, .. }) => {
+                Outcome::ExecutedEntry { attempt: *attempt, response: *response, expires_in_ms: expires - now }
+            }
+            Some(Record::Unknown { attempt, expires, .. }) => {
+                Outcome::UnknownEntry { attempt: *attempt, expires_in_ms: expires - now }
+            }
+            Some(Record::Released { attempt, expires }) => {
+                Outcome::ReleasedEntry { attempt: *attempt, expires_in_ms: expires - now }
             }
         }
     }
 
-    fn delete(&mut self, key: usize) -> Outcome {
-        Outcome::Deleted(self.records[key].take().is_some())
+    fn purge(&mut self, key: usize, stats: &mut Stats) -> Outcome {
+        let Some(record) = &self.records[key] else { return Outcome::Purged(None) };
+        let was = match record {
+            Record::InProgress { .. } => "in_progress",
+            Record::Completed { .. } => "completed",
+            Record::Executed { .. } => "executed",
+            Record::Unknown { .. } => "unknown",
+            Record::Released { .. } => return Outcome::Purged(None),
+        };
+        stats.purged += 1;
+        self.records[key] = Some(Record::Released { attempt: record.attempt(), expires: record.expires() });
+        Outcome::Purged(Some(was))
     }
 
     fn advance(&mut self, ms: u64, stats: &mut Stats) -> Outcome {
@@ -313,7 +427,7 @@ impl Model {
                         stats.open_claims_expired += 1;
                         stats.open_claims_expired_exactly += exactly;
                     }
-                    Record::Completed { .. } => {
+                    _ => {
                         stats.completed_expired += 1;
                         stats.completed_expired_exactly += exactly;
                     }
@@ -480,7 +594,8 @@ fn record_keys(prefix: &str) -> [RecordKey; KEYS] {
         let mut h = HeaderMap::new();
         h.insert("idempotency-key", HeaderValue::from_str(&format!("key-{n}")).unwrap());
         let k = key::extract(&h, &http::HeaderName::from_static("idempotency-key"), 255).unwrap().unwrap();
-        RecordKey::new(prefix, "orders", &scope::derive(&ScopeSource::Global, &HeaderMap::new()), &k)
+        let scope = scope::derive(&ScopeSource::Global, MissingScope::Reject, &HeaderMap::new()).unwrap();
+        RecordKey::new(prefix, "orders", &scope, &k)
     })
 }
 
@@ -502,6 +617,11 @@ fn responses() -> [StoredResponse; RESPONSES] {
         StoredResponse { status: StatusCode::OK, headers: opaque, body: Bytes::from((0..=255u8).collect::<Vec<_>>()) },
         StoredResponse { status: StatusCode::INTERNAL_SERVER_ERROR, headers: HeaderMap::new(), body: Bytes::new() },
     ]
+}
+
+/// The head of a response, as an executed record keeps it: status and headers, no body.
+fn head(r: &StoredResponse) -> StoredResponse {
+    StoredResponse { status: r.status, headers: r.headers.clone(), body: Bytes::new() }
 }
 
 // ---- the interpreter -------------------------------------------------------------------
@@ -553,7 +673,7 @@ async fn run_case<S: Store>(
             Op::Claim { key, fp } => {
                 let (expected, owner) = model.claim(key, fp, stats);
                 let actual = store
-                    .claim(&keys[key], &fingerprint(fp), LEASE, TTL)
+                    .claim(&keys[key], &fingerprint(fp), OwnerToken::generate(), LEASE, TTL)
                     .await
                     .map_err(|e| store_error(i, &trace, e))?;
                 let same = match (&expected, &actual) {
@@ -561,6 +681,8 @@ async fn run_case<S: Store>(
                         lease.attempt() == *attempt && lease.key() == &keys[key] && lease.duration() == LEASE
                     }
                     (Outcome::Replayed { response }, Claim::Completed(r)) => *r == responses[*response],
+                    (Outcome::ExecutedReplay { response }, Claim::Executed(r)) => *r == head(&responses[*response]),
+                    (Outcome::UnknownRefused { attempt }, Claim::Unknown { attempt: a }) => attempt == a,
                     (Outcome::InFlight { lease_left_ms }, Claim::InFlight { lease_left }) => {
                         clock.matches(*lease_left_ms, *lease_left)
                     }
@@ -598,59 +720,76 @@ async fn run_case<S: Store>(
                 }
                 expected
             }
-            Op::Complete { lease, response } if !held.is_empty() => {
+            Op::Settle { lease, end } if !held.is_empty() => {
                 let Held { key, owner, lease } = held.remove(lease % held.len());
-                let expected = model.complete(key, owner, response, stats);
-                let actual = store
-                    .complete(lease, &responses[response], RETENTION)
-                    .await
-                    .map_err(|e| store_error(i, &trace, e))?;
+                let expected = model.settle(key, owner, end, stats);
+                let executed;
+                let outcome = match end {
+                    End::Response(r) => Final::Response(&responses[r]),
+                    End::Executed(r) => {
+                        executed = head(&responses[r]);
+                        Final::Executed(&executed)
+                    }
+                    End::Unknown => Final::Unknown,
+                };
+                let actual = store.settle(&lease, outcome, RETENTION).await.map_err(|e| store_error(i, &trace, e))?;
                 settled(expected, actual).map_err(|what| fail(i, &trace, what))?;
                 expected
             }
-            Op::Release { lease } if !held.is_empty() => {
+            Op::Release { lease, sent } if !held.is_empty() => {
                 let Held { key, owner, lease } = held.remove(lease % held.len());
-                let expected = model.release(key, owner, stats);
-                let actual = store.release(lease).await.map_err(|e| store_error(i, &trace, e))?;
+                let expected = model.release(key, owner, sent, stats);
+                let (record, token, ttl) = lease.into_release();
+                let sent_as = if sent { Sent::Maybe } else { Sent::No };
+                let actual =
+                    store.release(&record, token, sent_as, ttl).await.map_err(|e| store_error(i, &trace, e))?;
                 settled(expected, actual).map_err(|what| fail(i, &trace, what))?;
                 expected
             }
-            Op::Renew { .. } | Op::Complete { .. } | Op::Release { .. } => Outcome::NoLease,
+            Op::Renew { .. } | Op::Settle { .. } | Op::Release { .. } => Outcome::NoLease,
             Op::Get { key } => {
                 let expected = model.get(key);
                 let actual = store.get(&keys[key]).await.map_err(|e| store_error(i, &trace, e))?;
                 let same = match (&expected, &actual) {
                     (Outcome::Absent, None) => true,
-                    (
-                        Outcome::InProgress { attempt, lease_left_ms, expires_in_ms },
-                        Some(Entry::InProgress { attempt: a, lease_left, expires_in }),
-                    ) => {
-                        attempt == a
-                            && clock.matches(*lease_left_ms, *lease_left)
-                            && clock.matches(*expires_in_ms, *expires_in)
+                    (_, None) => false,
+                    (expected, Some(entry)) => {
+                        let (attempt, expires_in_ms) = match *expected {
+                            Outcome::InProgress { attempt, expires_in_ms, .. }
+                            | Outcome::Completed { attempt, expires_in_ms, .. }
+                            | Outcome::ExecutedEntry { attempt, expires_in_ms, .. }
+                            | Outcome::UnknownEntry { attempt, expires_in_ms }
+                            | Outcome::ReleasedEntry { attempt, expires_in_ms } => (attempt, expires_in_ms),
+                            _ => (0, 0),
+                        };
+                        let state = match (expected, &entry.state) {
+                            (Outcome::InProgress { lease_left_ms, .. }, EntryState::InProgress { lease_left }) => {
+                                clock.matches(*lease_left_ms, *lease_left)
+                            }
+                            (Outcome::Completed { response, .. }, EntryState::Completed { status, body_len }) => {
+                                let r = &responses[*response];
+                                *status == r.status.as_u16() && *body_len == r.body.len()
+                            }
+                            (Outcome::ExecutedEntry { response, .. }, EntryState::Executed { status }) => {
+                                *status == responses[*response].status.as_u16()
+                            }
+                            (Outcome::UnknownEntry { .. }, EntryState::Unknown)
+                            | (Outcome::ReleasedEntry { .. }, EntryState::Released) => true,
+                            _ => false,
+                        };
+                        state && entry.attempt == attempt && clock.matches(expires_in_ms, entry.expires_in)
                     }
-                    (
-                        Outcome::Completed { attempt, response, expires_in_ms },
-                        Some(Entry::Completed { attempt: a, status, body_len, expires_in }),
-                    ) => {
-                        let r = &responses[*response];
-                        attempt == a
-                            && *status == r.status.as_u16()
-                            && *body_len == r.body.len()
-                            && clock.matches(*expires_in_ms, *expires_in)
-                    }
-                    _ => false,
                 };
                 if !same {
                     return Err(fail(i, &trace, format!("model {expected:?}, store {actual:?}")));
                 }
                 expected
             }
-            Op::Delete { key } => {
-                let expected = model.delete(key);
-                let actual = store.delete(&keys[key]).await.map_err(|e| store_error(i, &trace, e))?;
-                if expected != Outcome::Deleted(actual) {
-                    return Err(fail(i, &trace, format!("model {expected:?}, store deleted: {actual}")));
+            Op::Purge { key } => {
+                let expected = model.purge(key, stats);
+                let actual = store.purge(&keys[key]).await.map_err(|e| store_error(i, &trace, e))?;
+                if expected != Outcome::Purged(actual) {
+                    return Err(fail(i, &trace, format!("model {expected:?}, store purged: {actual:?}")));
                 }
                 expected
             }
@@ -743,7 +882,7 @@ fn renamed(ops: &[Op]) -> Vec<Op> {
         .map(|&op| match op {
             Op::Claim { key, fp } => Op::Claim { key: rename(&mut keys, key), fp: rename(&mut fps, fp) as u8 },
             Op::Get { key } => Op::Get { key: rename(&mut keys, key) },
-            Op::Delete { key } => Op::Delete { key: rename(&mut keys, key) },
+            Op::Purge { key } => Op::Purge { key: rename(&mut keys, key) },
             other => other,
         })
         .collect()
@@ -765,13 +904,23 @@ fn simpler(ops: &[Op]) -> Vec<Vec<Op>> {
                 (0..key).map(|key| Op::Claim { key, fp }).chain((0..fp).map(|fp| Op::Claim { key, fp })).collect()
             }
             Op::Renew { lease } => (0..lease).map(|lease| Op::Renew { lease }).collect(),
-            Op::Complete { lease, response } => (0..lease)
-                .map(|lease| Op::Complete { lease, response })
-                .chain((0..response).map(|response| Op::Complete { lease, response }))
+            Op::Settle { lease, end } => (0..lease)
+                .map(|lease| Op::Settle { lease, end })
+                .chain(match end {
+                    End::Response(r) => (0..r).map(|r| Op::Settle { lease, end: End::Response(r) }).collect::<Vec<_>>(),
+                    End::Executed(r) => std::iter::once(End::Response(r))
+                        .chain((0..r).map(End::Executed))
+                        .map(|end| Op::Settle { lease, end })
+                        .collect(),
+                    End::Unknown => vec![Op::Settle { lease, end: End::Response(0) }],
+                })
                 .collect(),
-            Op::Release { lease } => (0..lease).map(|lease| Op::Release { lease }).collect(),
+            Op::Release { lease, sent } => (0..lease)
+                .map(|lease| Op::Release { lease, sent })
+                .chain((!sent).then_some(Op::Release { lease, sent: true }))
+                .collect(),
             Op::Get { key } => (0..key).map(|key| Op::Get { key }).collect(),
-            Op::Delete { key } => (0..key).map(|key| Op::Delete { key }).collect(),
+            Op::Purge { key } => (0..key).map(|key| Op::Purge { key }).collect(),
             Op::Advance { ms } => ADVANCES_MS.iter().filter(|&&m| m < ms).map(|&ms| Op::Advance { ms }).collect(),
         };
         for op in smaller {
@@ -792,6 +941,8 @@ fn assert_coverage(stats: &Stats) {
     assert!(stats.open_claims_expired_exactly > 0, "{stats:?}");
     assert!(stats.completed_expired_exactly > 0, "{stats:?}");
     assert!(stats.replays > 0 && stats.mismatches > 0 && stats.in_flight > 0, "{stats:?}");
+    assert!(stats.released_claimed > 0 && stats.released_not_sent_gone > 0, "{stats:?}");
+    assert!(stats.executed_replays > 0 && stats.unknown_refused > 0 && stats.purged > 0, "{stats:?}");
 }
 
 #[test]
@@ -827,8 +978,9 @@ fn redis_store_follows_the_model() {
 
 /// A fixed sequence with the model's outcome for each step: takeover at the exact deadline,
 /// the stale owner locked out, settling after one's own deadline, renew raising the ttl,
-/// retention expiry and open-claim ttl expiry. Lease indices refer to the held handles in
-/// claim order; complete and release consume theirs.
+/// retention expiry and open-claim ttl expiry, releases and their attempts, unknown and
+/// executed records, and purges. Lease indices refer to the held handles in claim order;
+/// settle and release consume theirs.
 const EXAMPLE: &[(Op, Outcome)] = &[
     // t = 0: key 0 is claimed; another fingerprint is refused, a duplicate is in flight.
     (Op::Claim { key: 0, fp: 0 }, Outcome::Acquired { attempt: 1 }), // held: [A]
@@ -844,11 +996,11 @@ const EXAMPLE: &[(Op, Outcome)] = &[
     (Op::Get { key: 0 }, Outcome::InProgress { attempt: 2, lease_left_ms: 10_000, expires_in_ms: 60_000 }),
     // The stale owner A is locked out.
     (Op::Renew { lease: 0 }, Outcome::Lost),
-    (Op::Complete { lease: 0, response: 0 }, Outcome::Lost), // held: [B]
+    (Op::Settle { lease: 0, end: End::Response(0) }, Outcome::Lost), // held: [B]
     (Op::Claim { key: 0, fp: 0 }, Outcome::InFlight { lease_left_ms: 10_000 }),
     // t = 25 s: B's own lease has passed, but nobody took over: B may still complete.
     (Op::Advance { ms: 11_000 }, Outcome::Advanced),
-    (Op::Complete { lease: 0, response: 1 }, Outcome::Done), // held: []
+    (Op::Settle { lease: 0, end: End::Response(1) }, Outcome::Done), // held: []
     (Op::Claim { key: 0, fp: 0 }, Outcome::Replayed { response: 1 }),
     (Op::Claim { key: 0, fp: 1 }, Outcome::Mismatch),
     (Op::Get { key: 0 }, Outcome::Completed { attempt: 2, response: 1, expires_in_ms: 30_000 }),
@@ -857,13 +1009,29 @@ const EXAMPLE: &[(Op, Outcome)] = &[
     (Op::Advance { ms: 30_000 }, Outcome::Advanced),
     (Op::Get { key: 0 }, Outcome::Absent),
     (Op::Claim { key: 0, fp: 1 }, Outcome::Acquired { attempt: 1 }), // held: [C]
-    (Op::Release { lease: 0 }, Outcome::Done),                       // held: []
-    (Op::Get { key: 0 }, Outcome::Absent),
+    (Op::Release { lease: 0, sent: true }, Outcome::Done),           // held: []
+    (Op::Get { key: 0 }, Outcome::ReleasedEntry { attempt: 1, expires_in_ms: 60_000 }),
+    // A released key runs again, with any fingerprint, as the next attempt; an attempt that
+    // never reached the upstream gives its number back.
+    (Op::Claim { key: 0, fp: 0 }, Outcome::Acquired { attempt: 2 }), // held: [C2]
+    (Op::Release { lease: 0, sent: false }, Outcome::Done),
+    (Op::Get { key: 0 }, Outcome::ReleasedEntry { attempt: 1, expires_in_ms: 60_000 }),
+    (Op::Claim { key: 0, fp: 1 }, Outcome::Acquired { attempt: 2 }), // held: [C3]
+    // An unknown outcome refuses its retries until an operator purges it.
+    (Op::Settle { lease: 0, end: End::Unknown }, Outcome::Done),
+    (Op::Claim { key: 0, fp: 1 }, Outcome::UnknownRefused { attempt: 2 }),
+    (Op::Claim { key: 0, fp: 0 }, Outcome::Mismatch),
+    (Op::Purge { key: 0 }, Outcome::Purged(Some("unknown"))),
+    (Op::Get { key: 0 }, Outcome::ReleasedEntry { attempt: 2, expires_in_ms: 30_000 }),
     // Key 1: a claim whose owner vanished expires with the open-claim ttl, exactly.
     (Op::Claim { key: 1, fp: 0 }, Outcome::Acquired { attempt: 1 }), // held: [D]
     (Op::Advance { ms: 60_000 }, Outcome::Advanced),                 // t = 115 s
     (Op::Get { key: 1 }, Outcome::Absent),
-    (Op::Complete { lease: 0, response: 0 }, Outcome::Lost), // held: []
+    (Op::Settle { lease: 0, end: End::Response(0) }, Outcome::Lost), // held: []
+    // An executed record answers with its head.
+    (Op::Claim { key: 1, fp: 0 }, Outcome::Acquired { attempt: 1 }), // held: [D2]
+    (Op::Settle { lease: 0, end: End::Executed(2) }, Outcome::Done),
+    (Op::Claim { key: 1, fp: 0 }, Outcome::ExecutedReplay { response: 2 }),
     // Key 2: renewals keep an open claim; one near the record's end raises its ttl.
     (Op::Claim { key: 2, fp: 0 }, Outcome::Acquired { attempt: 1 }), // held: [E]
     (Op::Advance { ms: 30_000 }, Outcome::Advanced),
@@ -873,11 +1041,11 @@ const EXAMPLE: &[(Op, Outcome)] = &[
     (Op::Advance { ms: 11_000 }, Outcome::Advanced), // 52 s in: 8 s of record left, less than a lease
     (Op::Renew { lease: 0 }, Outcome::Renewed),
     (Op::Get { key: 2 }, Outcome::InProgress { attempt: 1, lease_left_ms: 10_000, expires_in_ms: 60_000 }),
-    // Delete purges any record; the purged claim is lost to its owner.
-    (Op::Delete { key: 2 }, Outcome::Deleted(true)),
-    (Op::Delete { key: 2 }, Outcome::Deleted(false)),
+    // Purge releases any record; the purged claim is lost to its owner.
+    (Op::Purge { key: 2 }, Outcome::Purged(Some("in_progress"))),
+    (Op::Purge { key: 2 }, Outcome::Purged(None)),
     (Op::Renew { lease: 0 }, Outcome::Lost),
-    (Op::Release { lease: 0 }, Outcome::Lost),
+    (Op::Release { lease: 0, sent: true }, Outcome::Lost),
 ];
 
 async fn run_example<S: Store>(store: &S, clock: &Clock<'_>, prefix: &str) {

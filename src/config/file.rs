@@ -100,8 +100,11 @@ pub struct IdempotencySection {
     pub header: Option<String>,
     /// Longest accepted key, in characters.
     pub max_key_len: Option<usize>,
-    /// Whose keys these are: `"header:NAME"` (that header's value, hashed) or `"global"`.
-    pub scope: Option<String>,
+    /// Whose keys these are: `"global"`, or one or a list of `"header:NAME"` and
+    /// `"cookie:NAME"` (their values, hashed together).
+    pub scope: Option<OneOrMany>,
+    /// A keyed request missing a scope source: `"reject"` (400) or `"anonymous"`.
+    pub on_missing_scope: Option<String>,
     /// JSON Pointers (RFC 6901) of body fields left out of the fingerprint.
     pub ignore: Option<Vec<String>>,
     /// Request headers included in the fingerprint.
@@ -114,11 +117,13 @@ pub struct IdempotencySection {
     pub wait: Option<HumanDuration>,
     /// How long a completed response is kept for replay.
     pub retention: Option<HumanDuration>,
-    /// Upstream statuses that are stored and replayed: `"2xx"`-style classes or exact codes.
+    /// Upstream statuses that are stored and replayed: `"2xx"`-style classes or exact codes;
+    /// `"!429"` or `"!5xx"` takes a code or class out again.
     pub store_statuses: Option<Vec<StatusEntry>>,
     /// Largest request body accepted (413 above it).
     pub max_request_body: Option<HumanSize>,
-    /// Largest response body stored; larger responses are delivered and the key released.
+    /// Largest response body stored; a larger response is delivered, and recorded as executed
+    /// without its body (a retry gets `response-not-stored`).
     pub max_stored_body: Option<HumanSize>,
     /// Extra response headers never stored (Set-Cookie, WWW-Authenticate, Proxy-* and
     /// hop-by-hop headers are never stored in any case).
@@ -127,6 +132,31 @@ pub struct IdempotencySection {
     pub on_store_error: Option<String>,
     /// Header added to replayed responses.
     pub replay_header: Option<String>,
+    /// Sent upstream, but no complete answer: `"hold"` the key (retries get 502
+    /// outcome-unknown) or `"release"` it (retries run again).
+    pub on_unknown_outcome: Option<String>,
+    /// Header carrying the execution attempt to the upstream; `""` sends none.
+    pub attempt_header: Option<String>,
+}
+
+/// A value written as one string or as a list of strings.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum OneOrMany {
+    /// `"header:Authorization"`
+    One(String),
+    /// `["header:Authorization", "header:Stripe-Account"]`
+    Many(Vec<String>),
+}
+
+impl OneOrMany {
+    /// The entries, in order.
+    pub fn entries(&self) -> Vec<&str> {
+        match self {
+            Self::One(one) => vec![one.as_str()],
+            Self::Many(many) => many.iter().map(String::as_str).collect(),
+        }
+    }
 }
 
 /// One entry of `store_statuses`: `201` or `"201"` or `"2xx"`.

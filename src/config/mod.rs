@@ -32,6 +32,9 @@ pub struct Config {
     pub upstreams: Vec<UpstreamConfig>,
     /// Routes, in file order.
     pub routes: Vec<RouteConfig>,
+    /// Settings that are valid but risky, each with its reason (printed by `check`, logged at
+    /// startup).
+    pub warnings: Vec<Issue>,
 }
 
 /// `[server]`
@@ -209,7 +212,13 @@ impl Config {
         let mut issues = read.issues;
         let config = match read.file {
             Some(file) => match validate::build(file) {
-                Ok(config) => Some(config),
+                Ok(mut config) => {
+                    config.warnings = validate::warnings(&config)
+                        .into_iter()
+                        .map(|i| Issue { line: read.lines.line_of(&i.key), ..i })
+                        .collect();
+                    Some(config)
+                }
                 Err(found) => {
                     issues.extend(found.into_iter().map(|i| Issue { line: read.lines.line_of(&i.key), ..i }));
                     None
@@ -224,6 +233,17 @@ impl Config {
                 Err(ConfigError::Invalid { file: origin.to_owned(), issues })
             }
         }
+    }
+
+    /// The warnings, one per line as `FILE:LINE: warning: KEY: REASON`.
+    pub fn warning_lines(&self, origin: &str) -> Vec<String> {
+        self.warnings
+            .iter()
+            .map(|w| match w.line {
+                Some(line) => format!("{origin}:{line}: warning: {}: {}", w.key, w.reason),
+                None => format!("{origin}: warning: {}: {}", w.key, w.reason),
+            })
+            .collect()
     }
 
     /// The route named `name`, if any.

@@ -10,13 +10,13 @@ use std::time::Duration;
 
 use http::{HeaderName, Method, Uri};
 
-use super::file::{self, File, IdempotencySection, StatusEntry};
+use super::file::{self, File, IdempotencySection, OneOrMany, StatusEntry};
 use super::units::{HumanDuration, HumanSize};
 use super::{Config, Issue, RouteConfig, ServerConfig, StoreBackendConfig, StoreConfig, UpstreamConfig};
 use crate::headers;
 use crate::idempotent::fingerprint::{FingerprintSpec, JsonPointer};
-use crate::idempotent::policy::{IdempotencyPolicy, StatusSet, StoreFailurePolicy};
-use crate::idempotent::scope::ScopeSource;
+use crate::idempotent::policy::{IdempotencyPolicy, StatusSet, StoreFailurePolicy, UnknownOutcomePolicy};
+use crate::idempotent::scope::{MissingScope, ScopeSource};
 use crate::router::{RouteSpec, Router, RouterError};
 
 /// Defaults, in one place so that docs/configuration.md can be checked against them.
@@ -38,7 +38,12 @@ pub mod defaults {
     pub const LEASE: Duration = Duration::from_secs(10);
     pub const WAIT: Duration = Duration::from_secs(5);
     pub const RETENTION: Duration = Duration::from_secs(24 * 3600);
-    pub const STORE_STATUSES: &[&str] = &["2xx", "4xx"];
+    /// What began executing: 2xx, 3xx and 4xx, except the 4xx that mean "not processed" or
+    /// "try again" (docs/idempotency-policy.md explains each).
+    pub const STORE_STATUSES: &[&str] = &["2xx", "3xx", "4xx", "!400", "!408", "!409", "!422", "!425", "!429"];
+    pub const ON_MISSING_SCOPE: &str = "reject";
+    pub const ON_UNKNOWN_OUTCOME: &str = "hold";
+    pub const ATTEMPT_HEADER: &str = "idempotency-attempt";
     pub const MAX_REQUEST_BODY: u64 = 1 << 20;
     pub const MAX_STORED_BODY: u64 = 1 << 20;
     pub const REPLAY_HEADER: &str = "idempotent-replay";
@@ -69,7 +74,7 @@ pub(super) fn build(file: File) -> Result<Config, Vec<Issue>> {
         file.upstreams.iter().filter_map(|(name, section)| upstream(name, section, &mut issues)).collect();
     let routes = routes(&file, &mut issues);
     match (server, store, issues.0.is_empty()) {
-        (Some(server), Some(store), true) => Ok(Config { server, store, upstreams, routes }),
+        (Some(server), Some(store), true) => Ok(Config { server, store, upstreams, routes, warnings: Vec::new() }),
         _ => Err(issues.0),
     }
 }
@@ -255,8 +260,20 @@ fn policy(key: &str, s: &IdempotencySection, issues: &mut Issues) -> Option<Idem
     if !(1..=MAX_KEY_LEN_LIMIT).contains(&max_key_len) {
         issues.add(format!("{key}.max_key_len"), format!("must be between 1 and {MAX_KEY_LEN_LIMIT}"));
     }
-    let scope =
-        issues.check(&format!("{key}.scope"), ScopeSource::parse(s.scope.as_deref().unwrap_or(defaults::SCOPE)));
+    let scope_entries = s.scope.as_ref().map_or_else(|| vec![defaults::SCOPE], OneOrMany::entries);
+    let scope = issues.check(&format!("{key}.scope"), ScopeSource::parse(&scope_entries));
+    let on_missing_scope = issues.check(
+        &format!("{key}.on_missing_scope"),
+        MissingScope::parse(s.on_missing_scope.as_deref().unwrap_or(defaults::ON_MISSING_SCOPE)),
+    );
+    let on_unknown_outcome = issues.check(
+        &format!("{key}.on_unknown_outcome"),
+        UnknownOutcomePolicy::parse(s.on_unknown_outcome.as_deref().unwrap_or(defaults::ON_UNKNOWN_OUTCOME)),
+    );
+    let attempt_header = match s.attempt_header.as_deref().unwrap_or(defaults::ATTEMPT_HEADER) {
+        "" => Some(None),
+        name => header_name(issues, &format!("{key}.attempt_header"), name).map(Some),
+    };
     let ignore: Vec<JsonPointer> = s
         .ignore
         .iter()
@@ -300,6 +317,9 @@ fn policy(key: &str, s: &IdempotencySection, issues: &mut Issues) -> Option<Idem
         header: header?,
         max_key_len,
         scope: scope?,
+        on_missing_scope: on_missing_scope?,
+        on_unknown_outcome: on_unknown_outcome?,
+        attempt_header: attempt_header?,
         fingerprint: FingerprintSpec { ignore, headers: fingerprint_headers },
         lease,
         renew: s.renew.unwrap_or(true),
@@ -315,22 +335,25 @@ fn policy(key: &str, s: &IdempotencySection, issues: &mut Issues) -> Option<Idem
 }
 
 fn statuses(key: &str, entries: Option<&[StatusEntry]>, issues: &mut Issues) -> Option<StatusSet> {
-    let mut set = StatusSet::empty();
-    let Some(entries) = entries else {
-        for class in defaults::STORE_STATUSES {
-            issues.check(key, set.insert_text(class))?;
-        }
-        return Some(set);
+    let texts: Vec<String> = match entries {
+        None => defaults::STORE_STATUSES.iter().map(|s| (*s).to_owned()).collect(),
+        Some(entries) => entries
+            .iter()
+            .map(|entry| match entry {
+                StatusEntry::Code(code) => code.to_string(),
+                StatusEntry::Text(text) => text.clone(),
+            })
+            .collect(),
     };
-    let mut ok = true;
-    for entry in entries {
-        let text = match entry {
-            StatusEntry::Code(code) => code.to_string(),
-            StatusEntry::Text(text) => text.clone(),
-        };
-        ok &= issues.check(key, set.insert_text(&text)).is_some();
+    match StatusSet::from_entries(&texts) {
+        Ok(set) => Some(set),
+        Err(errors) => {
+            for e in errors {
+                issues.add(key, e);
+            }
+            None
+        }
     }
-    ok.then_some(set)
 }
 
 fn header_name(issues: &mut Issues, key: &str, name: &str) -> Option<HeaderName> {
@@ -362,4 +385,39 @@ fn body_limit(issues: &mut Issues, key: &str, value: Option<HumanSize>, default:
         return None;
     }
     usize::try_from(n).ok()
+}
+
+/// Settings that are valid but undermine the guarantee, as warnings for `check` and startup.
+///
+/// - Without renewal, a lease shorter than the upstream's timeout passes while a slow request
+///   still runs; a retry then takes the key over and runs the request a second time.
+/// - A lease shorter than three store timeouts leaves too little room for renewals, which are
+///   store calls too, to land before it passes.
+pub(super) fn warnings(config: &Config) -> Vec<Issue> {
+    let mut out = Issues::default();
+    for (i, route) in config.routes.iter().enumerate() {
+        let Some(policy) = &route.idempotency else { continue };
+        let key = format!("routes[{i}].idempotency.lease");
+        let upstream = config.upstreams.iter().find(|u| u.name == route.upstream);
+        if let Some(upstream) = upstream.filter(|u| !policy.renew && policy.lease < u.timeout) {
+            out.add(
+                &key,
+                format!(
+                    "{:?} is shorter than upstreams.{}.timeout ({:?}) and renew = false: a request slower \
+                     than the lease can be taken over and run a second time",
+                    policy.lease, upstream.name, upstream.timeout
+                ),
+            );
+        }
+        if policy.lease < config.store.timeout * 3 {
+            out.add(
+                &key,
+                format!(
+                    "{:?} is less than 3 × store.timeout ({:?}): renewals may not land before it passes",
+                    policy.lease, config.store.timeout
+                ),
+            );
+        }
+    }
+    out.0
 }

@@ -1,31 +1,48 @@
 //! Exchange: the one upstream call of a claimed key, detached from the client.
 //!
 //! The exchange runs in its own task. If the client hangs up, the handler's future is dropped
-//! but the exchange goes on, stores the result, and the client's retry is answered from the
+//! but the exchange goes on, settles the key, and the client's retry is answered from the
 //! store: this is the "request arrived, response lost" case the gateway exists for.
 //!
-//! The lease is consumed on every path out: `complete` when the response is stored, `release`
-//! when it is not storable (status, size), when the upstream fails, or when shutdown abandons
-//! the exchange. While the call runs, the lease is renewed every third of its duration.
+//! Every way an exchange can end is classified, and the lease is consumed on every path:
+//!
+//! | how it ended | the key | the first client gets |
+//! |---|---|---|
+//! | not sent (connection refused, DNS, TLS handshake) | released, attempt given back | 502 `upstream-unavailable` |
+//! | complete answer, status in `store_statuses` | completed: replayed to retries | the answer |
+//! | complete answer, other status | released | the answer |
+//! | answer too large to store, delivered | executed: retries get `response-not-stored` | the answer, streamed |
+//! | sent, no complete answer (timeout, reset, truncated body), or abandoned at shutdown | `hold`: unknown, retries get 502 `outcome-unknown`; `release`: released | 502/504 `outcome-unknown` (`release`: the upstream error) |
+//!
+//! Every forwarded request carries the attempt header (`Idempotency-Attempt: N`), so the
+//! upstream can refuse or log a re-execution. While the call runs, the lease is renewed every
+//! third of its duration; when settling finds it lost, the first response says so with
+//! `Idempotency-Status: lease-lost`.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Request, Response};
+use http::{HeaderValue, Request, Response, response};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::capture::{self, Captured, StreamEnd};
+use super::policy::{IdempotencyPolicy, UnknownOutcomePolicy};
 use crate::body::{self, Body};
 use crate::error::GatewayError;
 use crate::headers;
-use crate::idempotent::capture::{self, Captured};
-use crate::idempotent::policy::IdempotencyPolicy;
 use crate::metrics::ReleaseReason;
 use crate::route::Route;
-use crate::store::{Backend, Lease, Renewal, Settled, Store, StoreError, StoredResponse};
-use crate::upstream::UpstreamError;
+use crate::store::{Backend, Final, Lease, Renewal, Sent, Settled, Store, StoreError, StoredResponse};
+use crate::upstream::{Upstream, UpstreamError};
+
+/// The header that tells the first client its claim was taken over while its request ran.
+const STATUS_HEADER: &str = "idempotency-status";
 
 /// A claimed request, ready to go upstream.
 pub struct Exchange {
@@ -37,145 +54,265 @@ pub struct Exchange {
     pub store: Arc<Backend>,
     /// The claim.
     pub lease: Lease,
+    /// Whether the store confirmed the claim. `false` when the claim call failed and the route
+    /// fails open: the claim may or may not exist (its reply was lost), so the exchange settles
+    /// it if it does, but neither renews it nor counts a lost lease.
+    pub confirmed: bool,
     /// The request, already prepared for the upstream, with its body read.
     pub request: Request<Bytes>,
     /// Fires when shutdown gives up waiting for exchanges.
     pub abandon: CancellationToken,
 }
 
-/// How an exchange ended, before it is settled in the store.
+/// How the call to the upstream ended.
 enum Ended {
-    Answered(Captured),
-    Failed(UpstreamError),
+    /// The whole response, within `max_stored_body`.
+    Whole(response::Parts, Bytes),
+    /// A response too large to store, streaming to the client.
+    Streamed(response::Parts, Body, oneshot::Receiver<StreamEnd>),
+    /// The request never reached the upstream.
+    NotSent(UpstreamError),
+    /// The request was sent and no complete answer came back.
+    NoAnswer(UpstreamError),
+    /// Shutdown gave up on the exchange.
     Abandoned,
 }
+
+type Answer = Result<Response<Body>, GatewayError>;
 
 impl Exchange {
     /// Runs the exchange in its own task and waits for its response. Dropping the returned
     /// future (the client went away) does not stop the exchange.
-    pub async fn spawn(self, tracker: &TaskTracker) -> Result<Response<Body>, GatewayError> {
-        // The exchange's state machine is ~10 KiB; boxed once here, it is not copied again on its
-        // way into the task (a by-value spawn moves it through several frames).
-        match tracker.spawn(Box::pin(self.run())).await {
-            Ok(result) => result,
-            Err(e) => Err(GatewayError::Internal(format!("exchange task failed: {e}"))),
-        }
+    pub async fn spawn(self, tracker: &TaskTracker) -> Answer {
+        let (tx, rx) = oneshot::channel();
+        // The exchange's state machine is several KiB; boxed once here, it is not copied again
+        // on its way into the task.
+        tracker.spawn(Box::pin(self.run(tx)));
+        rx.await.unwrap_or_else(|_| Err(GatewayError::Internal("the exchange ended without an answer".into())))
     }
 
-    async fn run(self) -> Result<Response<Body>, GatewayError> {
-        let Self { route, policy, store, lease, request, abandon } = self;
-        let upstream = &route.upstream;
-        // Pinned in place and passed on by reference: moving these futures by value would copy
-        // kilobytes of state per request.
+    async fn run(self, answer: oneshot::Sender<Answer>) {
+        let Self { route, policy, store, lease, confirmed, mut request, abandon } = self;
+        if let Some(name) = policy.attempt_header.as_ref().filter(|_| confirmed) {
+            request.headers_mut().insert(name.clone(), HeaderValue::from(lease.attempt()));
+        }
+        let settle = Settle { route: &route, policy: &policy, store: &store, confirmed };
         let work = std::pin::pin!(async {
-            let call = async {
-                let response = upstream.send(request.map(body::full)).await?;
-                capture::capture(response, policy.max_stored_body).await.map_err(|e| upstream.body_failed(&e))
-            };
             tokio::select! {
-                result = tokio::time::timeout(upstream.timeout(), call) => match result {
-                    Ok(Ok(captured)) => Ended::Answered(captured),
-                    Ok(Err(e)) => Ended::Failed(e),
-                    Err(_) => Ended::Failed(upstream.timed_out()),
-                },
+                ended = call(&route.upstream, request, policy.max_stored_body) => ended,
                 () = abandon.cancelled() => Ended::Abandoned,
             }
         });
-        let ended = renewing(&*store, &lease, &policy, &route, work).await;
+        let ended = settle.renewing(&lease, work).await;
 
-        match ended {
-            Ended::Answered(Captured::Whole(parts, body)) if policy.store_statuses.contains(parts.status) => {
+        let reply = match ended {
+            Ended::Whole(parts, body) if policy.store_statuses.contains(parts.status) => {
                 let stored = StoredResponse {
                     status: parts.status,
                     headers: headers::storable(&parts.headers, &policy.exclude_headers),
                     body: body.clone(),
                 };
-                let result = store.complete(lease, &stored, policy.retention).await;
-                settled(&route, "complete", result);
-                Ok(first_response(parts, body::full(body)))
+                // Settled before the client hears the answer, so that its retry finds it. If the
+                // store fails, the client is answered anyway and settling goes on behind it:
+                // until then the key is in progress, and retries wait for it.
+                let settled = settle.store.settle(&lease, Final::Response(&stored), policy.retention).await;
+                if let Err(e) = settled {
+                    tracing::debug!(route = %route.name, error = %e, "settle failed; answering first, then retrying");
+                    let _ = answer.send(Ok(first_response(parts, body::full(body), false)));
+                    settle.finish(lease, Final::Response(&stored)).await;
+                    return;
+                }
+                let lost = settle.logged("settle", settled);
+                Ok(first_response(parts, body::full(body), lost))
             }
-            Ended::Answered(Captured::Whole(parts, body)) => {
-                release(&*store, lease, &route, ReleaseReason::Status).await;
-                Ok(first_response(parts, body::full(body)))
+            Ended::Whole(parts, body) => {
+                settle.release(lease, Sent::Maybe, ReleaseReason::Status).await;
+                Ok(first_response(parts, body::full(body), false))
             }
-            Ended::Answered(Captured::TooLarge(parts, body)) => {
-                release(&*store, lease, &route, ReleaseReason::TooLarge).await;
-                Ok(first_response(parts, body))
+            Ended::Streamed(parts, body, end) if policy.store_statuses.contains(parts.status) => {
+                let head = StoredResponse {
+                    status: parts.status,
+                    headers: headers::storable(&parts.headers, &policy.exclude_headers),
+                    body: Bytes::new(),
+                };
+                // The client gets the stream now; the key is settled once it has ended.
+                let _ = answer.send(Ok(first_response(parts, body, false)));
+                let end = settle.renewing(&lease, std::pin::pin!(end)).await;
+                match end {
+                    Ok(StreamEnd::Complete | StreamEnd::ClientGone) | Err(_) => {
+                        route.metrics.not_stored();
+                        settle.finish(lease, Final::Executed(&head)).await;
+                    }
+                    Ok(StreamEnd::Broken) => {
+                        settle.unknown(lease).await;
+                    }
+                }
+                return;
             }
-            Ended::Failed(e) => {
-                release(&*store, lease, &route, ReleaseReason::UpstreamFailed).await;
+            Ended::Streamed(parts, body, _) => {
+                settle.release(lease, Sent::Maybe, ReleaseReason::Status).await;
+                Ok(first_response(parts, body, false))
+            }
+            Ended::NotSent(e) => {
+                settle.release(lease, Sent::No, ReleaseReason::NotSent).await;
                 Err(e.into())
             }
+            Ended::NoAnswer(e) => {
+                let timed_out = matches!(e, UpstreamError::Timeout { .. });
+                match settle.unknown(lease).await {
+                    UnknownOutcomePolicy::Hold => Err(GatewayError::OutcomeUnknown { timed_out }),
+                    UnknownOutcomePolicy::Release => Err(e.into()),
+                }
+            }
             Ended::Abandoned => {
-                release(&*store, lease, &route, ReleaseReason::Shutdown).await;
+                settle.unknown(lease).await;
                 Err(GatewayError::ShuttingDown)
+            }
+        };
+        let _ = answer.send(reply);
+    }
+}
+
+/// Sends the request and reads the answer, all within the upstream's timeout: one deadline
+/// for the whole exchange.
+async fn call(upstream: &Upstream, request: Request<Bytes>, limit: usize) -> Ended {
+    let deadline = Instant::now() + upstream.timeout();
+    let response = match tokio::time::timeout_at(deadline, upstream.send(request.map(body::full))).await {
+        Err(_) => return Ended::NoAnswer(upstream.timed_out()),
+        Ok(Err(e)) if e.sent() == Sent::No => return Ended::NotSent(e),
+        Ok(Err(e)) => return Ended::NoAnswer(e),
+        Ok(Ok(response)) => response,
+    };
+    match tokio::time::timeout_at(deadline, capture::capture(response, limit)).await {
+        Err(_) => Ended::NoAnswer(upstream.timed_out()),
+        Ok(Err(e)) => Ended::NoAnswer(upstream.body_failed(&e)),
+        Ok(Ok(Captured::Whole(parts, body))) => Ended::Whole(parts, body),
+        Ok(Ok(Captured::TooLarge(parts, body, end))) => Ended::Streamed(parts, body, end),
+    }
+}
+
+/// Settling a lease: the store calls, their logs and counters.
+struct Settle<'a> {
+    route: &'a Route,
+    policy: &'a IdempotencyPolicy,
+    store: &'a Backend,
+    confirmed: bool,
+}
+
+impl Settle<'_> {
+    /// Runs `work` while renewing `lease` every third of its duration. A renewal runs between
+    /// polls of `work` (a short pause of the exchange; the upstream's bytes wait in the
+    /// socket). Once the lease is found lost, renewal stops; the exchange still finishes, and
+    /// settling will find the lease lost too.
+    async fn renewing<T>(&self, lease: &Lease, mut work: Pin<&mut impl Future<Output = T>>) -> T {
+        if !self.policy.renew || !self.confirmed {
+            return work.await;
+        }
+        let (route, store) = (self.route, self.store);
+        let period = lease.duration() / 3;
+        let mut ticks = tokio::time::interval_at(Instant::now() + period, period);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut renewing = true;
+        loop {
+            tokio::select! {
+                out = &mut work => return out,
+                // Boxed: renewals are rare, and the store call would otherwise swell every
+                // exchange's state by its size.
+                _ = ticks.tick(), if renewing => match Box::pin(store.renew(lease)).await {
+                    Ok(Renewal::Renewed) => {}
+                    Ok(Renewal::Lost) => {
+                        renewing = false;
+                        route.metrics.lease_lost();
+                        tracing::warn!(route = %route.name, key = lease.key().short(), "lease lost while the upstream call ran; the upstream's own constraint must catch a duplicate");
+                    }
+                    Err(e) => {
+                        route.metrics.store_error();
+                        tracing::warn!(route = %route.name, key = lease.key().short(), error = %e, "lease renewal failed; retrying");
+                    }
+                },
+            }
+        }
+    }
+
+    /// Settles the claim with its outcome; true when the lease turned out to be lost.
+    async fn finish(&self, lease: Lease, outcome: Final<'_>) -> bool {
+        let result = persist(|| self.store.settle(&lease, outcome, self.policy.retention)).await;
+        self.logged("settle", result)
+    }
+
+    /// The request was sent without a complete answer: hold the key as unknown, or release
+    /// it, as the route says. Returns what was done.
+    async fn unknown(&self, lease: Lease) -> UnknownOutcomePolicy {
+        match self.policy.on_unknown_outcome {
+            UnknownOutcomePolicy::Hold => {
+                self.route.metrics.outcome_unknown();
+                self.finish(lease, Final::Unknown).await;
+            }
+            UnknownOutcomePolicy::Release => self.release(lease, Sent::Maybe, ReleaseReason::Unknown).await,
+        }
+        self.policy.on_unknown_outcome
+    }
+
+    async fn release(&self, lease: Lease, sent: Sent, reason: ReleaseReason) {
+        self.route.metrics.released(reason);
+        let (key, owner, ttl) = lease.into_release();
+        let result = persist(|| self.store.release(&key, owner, sent, ttl)).await;
+        self.logged("release", result);
+    }
+
+    /// Logs and counts the end of a claim that did not go as planned; true when the lease was
+    /// lost. The client is answered either way: the upstream's answer must not be lost
+    /// because the store hiccuped.
+    fn logged(&self, action: &str, result: Result<Settled, StoreError>) -> bool {
+        let route = self.route;
+        match result {
+            Ok(Settled::Done) => false,
+            // Without a confirmed claim there was nothing to lose.
+            Ok(Settled::Lost) if !self.confirmed => false,
+            Ok(Settled::Lost) => {
+                route.metrics.lease_lost();
+                tracing::warn!(route = %route.name, action, "claim was taken over before it settled; the upstream's own constraint must catch a duplicate");
+                true
+            }
+            Err(e) => {
+                route.metrics.store_write_failed();
+                tracing::warn!(route = %route.name, action, error = %e, "store failed after the upstream answered; the key stays claimed until its lease passes");
+                false
             }
         }
     }
 }
 
-/// Runs `work` while renewing `lease` every third of its duration. A renewal runs between
-/// polls of `work` (a short pause of the exchange; the upstream's bytes wait in the socket).
-/// Once the lease is found lost, renewal stops; the exchange still finishes, and its
-/// complete will find the lease lost too.
-async fn renewing<S: Store, T>(
-    store: &S,
-    lease: &Lease,
-    policy: &IdempotencyPolicy,
-    route: &Route,
-    mut work: Pin<&mut impl Future<Output = T>>,
-) -> T {
-    if !policy.renew {
-        return work.await;
-    }
-    let period = lease.duration() / 3;
-    let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut renewing = true;
+/// How often a settle or release that failed is tried, and the first pause between tries. A
+/// store blip after the upstream answered must not leave the key claimed until its lease
+/// passes: a retry after that would run the request again.
+const SETTLE_TRIES: u32 = 4;
+const SETTLE_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Runs a store call, repeating it (with a doubling pause) while it fails.
+async fn persist<F, Fut>(mut call: F) -> Result<Settled, StoreError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<Settled, StoreError>>,
+{
+    let mut pause = SETTLE_BACKOFF;
+    let mut tries = 1;
     loop {
-        tokio::select! {
-            out = &mut work => return out,
-            // Boxed: renewals are rare, and the store call would otherwise swell every
-            // exchange's state by its size.
-            _ = ticks.tick(), if renewing => match Box::pin(store.renew(lease)).await {
-                Ok(Renewal::Renewed) => {}
-                Ok(Renewal::Lost) => {
-                    renewing = false;
-                    route.metrics.lease_lost();
-                    tracing::warn!(route = %route.name, key = lease.key().short(), "lease lost while the upstream call ran; the upstream's own constraint must catch a duplicate");
-                }
-                Err(e) => {
-                    route.metrics.store_error();
-                    tracing::warn!(route = %route.name, key = lease.key().short(), error = %e, "lease renewal failed; retrying");
-                }
-            },
+        match call().await {
+            Err(_) if tries < SETTLE_TRIES => {
+                tokio::time::sleep(pause).await;
+                pause *= 2;
+                tries += 1;
+            }
+            result => return result,
         }
     }
 }
 
-async fn release<S: Store>(store: &S, lease: Lease, route: &Route, reason: ReleaseReason) {
-    route.metrics.released(reason);
-    let result = store.release(lease).await;
-    settled(route, "release", result);
-}
-
-/// Logs and counts the end of a claim that did not go as planned. The client is answered
-/// either way: the upstream's answer must not be lost because the store hiccuped.
-fn settled(route: &Route, action: &str, result: Result<Settled, StoreError>) {
-    match result {
-        Ok(Settled::Done) => {}
-        Ok(Settled::Lost) => {
-            route.metrics.lease_lost();
-            tracing::warn!(route = %route.name, action, "claim was taken over before it settled; the upstream's own constraint must catch a duplicate");
-        }
-        Err(e) => {
-            route.metrics.store_write_failed();
-            tracing::warn!(route = %route.name, action, error = %e, "store failed after the upstream answered; the key stays claimed until its lease passes");
-        }
-    }
-}
-
-fn first_response(mut parts: http::response::Parts, body: Body) -> Response<Body> {
+fn first_response(mut parts: response::Parts, body: Body, lease_lost: bool) -> Response<Body> {
     headers::strip_hop_by_hop(&mut parts.headers);
+    if lease_lost {
+        parts.headers.insert(STATUS_HEADER, HeaderValue::from_static("lease-lost"));
+    }
     Response::from_parts(parts, body)
 }

@@ -2,15 +2,18 @@
 //! module per step:
 //!
 //! ```text
-//! key ─▶ scope ─▶ bounded body ─▶ fingerprint ─▶ store.claim ─┐
-//!   ┌─────────────────────────────────────────────────────────┘
-//!   ├─ Acquired(lease) ─▶ exchange (forward, renew, capture, complete|release) ─▶ respond
-//!   ├─ Completed(rec)  ─▶ replay
-//!   ├─ InFlight        ─▶ wait (bounded, woken by the store) ─▶ replay | 409
-//!   └─ Mismatch        ─▶ 422
+//! key ─▶ connection check ─▶ scope ─▶ bounded body ─▶ fingerprint ─▶ claim ─┐
+//!   ┌───────────────────────────────────────────────────────────────────────┘
+//!   ├─ Acquired(lease)  ─▶ exchange (forward, renew, capture, settle|release) ─▶ respond
+//!   ├─ Completed(rec)   ─▶ replay
+//!   ├─ Executed(head)   ─▶ 'response-not-stored' with the original status
+//!   ├─ Unknown          ─▶ 502 'outcome-unknown'
+//!   ├─ InFlight         ─▶ wait (bounded, woken by the store) ─▶ replay | 409
+//!   └─ Mismatch         ─▶ 422
 //! ```
 
 pub mod capture;
+pub mod claim;
 pub mod exchange;
 pub mod fingerprint;
 pub mod key;
@@ -20,9 +23,8 @@ pub mod scope;
 
 use std::sync::Arc;
 
-use http::{HeaderValue, Request, Response};
+use http::{HeaderMap, HeaderValue, Request, Response, header};
 use hyper::body::Incoming;
-use tokio::time::Instant;
 
 use crate::body::{self, Body};
 use crate::error::GatewayError;
@@ -31,10 +33,9 @@ use crate::headers::Peer;
 use crate::metrics::Outcome;
 use crate::proxy;
 use crate::route::Route;
-use crate::store::{Claim, RecordKey, Store, StoreError, Watch};
+use crate::store::{Claim, Lease, OwnerToken, RecordKey};
 
 use self::exchange::Exchange;
-use self::fingerprint::Fingerprint;
 use self::key::KeyError;
 use self::policy::{IdempotencyPolicy, StoreFailurePolicy};
 
@@ -53,22 +54,34 @@ pub async fn handle(
         let response = proxy::forward(&route.upstream, request.map(body::boxed), peer).await?;
         return Ok((Outcome::PassedThrough, response));
     };
-    let scope = scope::derive(&policy.scope, request.headers());
+    check_connection(request.headers(), policy)?;
+    let scope = scope::derive(&policy.scope, policy.on_missing_scope, request.headers())?;
     let (mut parts, body) = request.into_parts();
     let body = body::read_bounded(&parts.headers, body, policy.max_request_body).await?;
     let fingerprint = fingerprint::compute(&route.name, &policy.fingerprint, &parts, &body);
     let record = RecordKey::new(&gw.key_prefix, &route.name, &scope, &key);
 
-    let claim = match claim_settled(&*gw.store, &record, &fingerprint, policy).await {
+    let owner = OwnerToken::generate();
+    let claim = match claim::settled(gw, &record, &fingerprint, owner, policy).await {
         Ok(claim) => claim,
         Err(e) => {
             route.metrics.store_error();
             tracing::warn!(route = %route.name, key = record.short(), error = %e, "store failed on claim");
             return match policy.on_store_error {
-                StoreFailurePolicy::FailClosed => Err(GatewayError::StoreUnavailable(e)),
+                StoreFailurePolicy::FailClosed => {
+                    // The claim may have been made, its reply lost: release it, or the client's
+                    // retry would wait out a whole lease.
+                    claim::release_ghost(gw, route, &record, owner, policy);
+                    Err(GatewayError::StoreUnavailable(e))
+                }
                 StoreFailurePolicy::FailOpen => {
-                    let request = Request::from_parts(parts, body::full(body));
-                    let mut response = proxy::forward(&route.upstream, request, peer).await?;
+                    // Forward under the owner token all the same: if the claim was made after
+                    // all, the exchange settles it and retries replay its answer; if not,
+                    // settling finds nothing. A ghost claim never lets a retry run it twice.
+                    let lease = Lease::new(record, owner, 0, policy.lease, policy.in_progress_ttl());
+                    route.upstream.prepare(&mut parts, peer);
+                    let exchange = exchange(gw, route, policy, lease, false, Request::from_parts(parts, body));
+                    let mut response = exchange.spawn(&gw.exchanges).await?;
                     response.headers_mut().insert("idempotency-status", HeaderValue::from_static("bypassed"));
                     Ok((Outcome::Bypassed, response))
                 }
@@ -80,51 +93,61 @@ pub async fn handle(
         Claim::Acquired(lease) => {
             tracing::debug!(route = %route.name, key = record.short(), attempt = lease.attempt(), "claimed");
             route.upstream.prepare(&mut parts, peer);
-            let exchange = Exchange {
-                route: Arc::clone(route),
-                policy: Arc::clone(policy),
-                store: Arc::clone(&gw.store),
-                lease,
-                request: Request::from_parts(parts, body),
-                abandon: gw.abandon.clone(),
-            };
-            let response = exchange.spawn(&gw.exchanges).await?;
-            Ok((Outcome::Executed, response))
+            let exchange = exchange(gw, route, policy, lease, true, Request::from_parts(parts, body));
+            Ok((Outcome::Executed, exchange.spawn(&gw.exchanges).await?))
         }
         Claim::Completed(stored) => Ok((Outcome::Replayed, replay::respond(stored, &policy.replay_header))),
+        Claim::Executed(head) => {
+            Ok((Outcome::Replayed, replay::not_stored(head, &policy.replay_header, &gw.problem_base)))
+        }
+        Claim::Unknown { .. } => Err(GatewayError::OutcomeUnknown { timed_out: false }),
         Claim::InFlight { lease_left } => Err(GatewayError::InFlight { retry_after: lease_left }),
         Claim::Mismatch => Err(GatewayError::Mismatch),
     }
 }
 
-/// Claims the key; while another request holds it, waits up to the route's `wait` for it to
-/// settle. The wait sleeps on a [`Watch`] (woken when the holder completes or releases, or
-/// when its lease runs out and the key can be taken over), never in a polling loop, and holds
-/// no store connection while asleep.
-async fn claim_settled<S: Store>(
-    store: &S,
-    record: &RecordKey,
-    fingerprint: &Fingerprint,
-    policy: &IdempotencyPolicy,
-) -> Result<Claim, StoreError> {
-    let claim_once = || store.claim(record, fingerprint, policy.lease, policy.in_progress_ttl());
-    let deadline = Instant::now() + policy.wait;
-    let mut claim = claim_once().await?;
-    // The watch that was registered before `claim` was read: only then is sleeping on it safe,
-    // since a settle between the read and a later registration would never wake us.
-    let mut watch: Option<Watch> = None;
-    loop {
-        let Claim::InFlight { lease_left } = claim else {
-            return Ok(claim);
-        };
-        let now = Instant::now();
-        if now >= deadline {
-            return Ok(claim);
-        }
-        if let Some(watch) = watch.take() {
-            watch.changed(deadline.min(now + lease_left)).await;
-        }
-        watch = Some(store.watch(record));
-        claim = claim_once().await?;
+fn exchange(
+    gw: &Gateway,
+    route: &Arc<Route>,
+    policy: &Arc<IdempotencyPolicy>,
+    lease: Lease,
+    confirmed: bool,
+    request: Request<bytes::Bytes>,
+) -> Exchange {
+    Exchange {
+        route: Arc::clone(route),
+        policy: Arc::clone(policy),
+        store: Arc::clone(&gw.store),
+        lease,
+        confirmed,
+        request,
+        abandon: gw.abandon.clone(),
     }
+}
+
+/// Refuses a request whose `Connection` header names a header this route reads. Hop-by-hop
+/// stripping would remove it before forwarding, so the upstream would see another request
+/// than the one fingerprinted: without the key its own UNIQUE constraint cannot work, without
+/// the credential it may act as someone else, without Content-Type it may read the body
+/// differently.
+fn check_connection(headers: &HeaderMap, policy: &IdempotencyPolicy) -> Result<(), GatewayError> {
+    let named = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|token| !token.is_empty());
+    for token in named {
+        let needed = [&policy.header, &header::CONTENT_TYPE, &header::CONTENT_LENGTH, &header::HOST]
+            .into_iter()
+            .cloned()
+            .chain(policy.scope.sources().iter().map(scope::Source::header))
+            .chain(policy.fingerprint.headers.iter().cloned())
+            .any(|name| name.as_str().eq_ignore_ascii_case(token));
+        if needed {
+            return Err(GatewayError::ConnectionHeader { header: token.to_ascii_lowercase() });
+        }
+    }
+    Ok(())
 }

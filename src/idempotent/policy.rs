@@ -6,7 +6,7 @@ use std::time::Duration;
 use http::{HeaderName, StatusCode};
 
 use crate::idempotent::fingerprint::FingerprintSpec;
-use crate::idempotent::scope::ScopeSource;
+use crate::idempotent::scope::{MissingScope, ScopeSource};
 
 /// What an idempotent route does, per request.
 #[derive(Debug, Clone)]
@@ -19,6 +19,8 @@ pub struct IdempotencyPolicy {
     pub max_key_len: usize,
     /// Whose key space a request belongs to.
     pub scope: ScopeSource,
+    /// What a keyed request without its scope gets.
+    pub on_missing_scope: MissingScope,
     /// What besides method, path, query and body goes into the fingerprint.
     pub fingerprint: FingerprintSpec,
     /// Claim duration without renewal.
@@ -41,6 +43,33 @@ pub struct IdempotencyPolicy {
     pub on_store_error: StoreFailurePolicy,
     /// Header that marks replayed responses.
     pub replay_header: HeaderName,
+    /// What a request that was sent but got no complete answer leaves behind.
+    pub on_unknown_outcome: UnknownOutcomePolicy,
+    /// Header that tells the upstream which execution of the key this is; `None` sends none.
+    pub attempt_header: Option<HeaderName>,
+}
+
+/// What happens to a key whose request was sent upstream without a complete answer coming
+/// back (`on_unknown_outcome`): a timeout after the request was written, a reset, a truncated
+/// body. The upstream may or may not have acted on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnknownOutcomePolicy {
+    /// The key is held as *unknown* for the retention: retries get 502 `outcome-unknown` and
+    /// nothing is forwarded until an operator releases it. Never a second execution.
+    Hold,
+    /// The key is released and a retry runs again: for upstreams that deduplicate on the key.
+    Release,
+}
+
+impl UnknownOutcomePolicy {
+    /// Parses `"hold"` or `"release"`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        match text {
+            "hold" => Ok(Self::Hold),
+            "release" => Ok(Self::Release),
+            other => Err(format!("{other:?} is neither \"hold\" nor \"release\"")),
+        }
+    }
 }
 
 impl IdempotencyPolicy {
@@ -91,11 +120,47 @@ impl StatusSet {
         }
     }
 
+    /// Takes one status code out.
+    pub fn remove(&mut self, code: u16) {
+        if (100..600).contains(&code) {
+            let i = usize::from(code - 100);
+            self.0[i / 64] &= !(1 << (i % 64));
+        }
+    }
+
     /// Adds a whole class: `class = 2` adds 200..=299.
     pub fn insert_class(&mut self, class: u16) {
         for code in class * 100..class * 100 + 100 {
             self.insert(code);
         }
+    }
+
+    /// Builds a set from config entries: inclusions (`"2xx"`, `"201"`) first, then exclusions
+    /// (`"!429"`, `"!5xx"`), whatever their order in the list.
+    pub fn from_entries<S: AsRef<str>>(entries: &[S]) -> Result<Self, Vec<String>> {
+        let mut set = Self::empty();
+        let mut removed = Self::empty();
+        let mut errors = Vec::new();
+        for entry in entries {
+            let text = entry.as_ref();
+            let result = match text.trim().strip_prefix('!') {
+                Some(excluded) => removed.insert_text(excluded),
+                None => set.insert_text(text),
+            };
+            if let Err(e) = result {
+                errors.push(e);
+            }
+        }
+        for code in 100..600 {
+            if removed.contains_code(code) {
+                set.remove(code);
+            }
+        }
+        if errors.is_empty() { Ok(set) } else { Err(errors) }
+    }
+
+    fn contains_code(&self, code: u16) -> bool {
+        StatusCode::from_u16(code).is_ok_and(|s| self.contains(s))
     }
 
     /// Whether `status` is in the set.
@@ -157,6 +222,15 @@ mod tests {
         assert!(s.contains(StatusCode::CONFLICT));
         assert!(!s.contains(StatusCode::BAD_REQUEST));
         assert!(!s.contains(StatusCode::INTERNAL_SERVER_ERROR));
+    }
+
+    #[test]
+    fn exclusions_apply_after_inclusions() {
+        let s = StatusSet::from_entries(&["!429", "2xx", "4xx", "!5xx", "500"]).unwrap();
+        assert!(s.contains(StatusCode::NOT_FOUND));
+        assert!(!s.contains(StatusCode::TOO_MANY_REQUESTS));
+        assert!(!s.contains(StatusCode::INTERNAL_SERVER_ERROR), "an exclusion wins over an inclusion");
+        assert!(StatusSet::from_entries(&["!6xx", "2xx", "x"]).unwrap_err().len() == 2);
     }
 
     #[test]

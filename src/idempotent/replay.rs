@@ -4,9 +4,10 @@
 //! that clients and logs can tell a replay from a first execution. A replay never touches
 //! the upstream.
 
-use http::{HeaderName, HeaderValue, Response};
+use http::{HeaderName, HeaderValue, Response, header};
 
 use crate::body::{self, Body};
+use crate::error::{self, GatewayError};
 use crate::store::StoredResponse;
 
 /// The response for a replayed request.
@@ -16,5 +17,20 @@ pub fn respond(stored: StoredResponse, replay_header: &HeaderName) -> Response<B
     let mut response = Response::new(body::full(body));
     *response.status_mut() = status;
     *response.headers_mut() = headers;
+    response
+}
+
+/// The response for a retry of a request that ran but whose body was too large to store: a
+/// problem `response-not-stored` with the original status and the stored headers (a
+/// `Location` still says where the resource is), and the replay header. Never a re-run.
+pub fn not_stored(head: StoredResponse, replay_header: &HeaderName, problem_base: &str) -> Response<Body> {
+    let mut response = error::respond(&GatewayError::ResponseNotStored { status: head.status }, problem_base);
+    for (name, value) in &head.headers {
+        // The problem document brings its own type and length.
+        if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH && name != header::CONTENT_ENCODING {
+            response.headers_mut().append(name.clone(), value.clone());
+        }
+    }
+    response.headers_mut().insert(replay_header.clone(), HeaderValue::from_static("true"));
     response
 }

@@ -1,34 +1,128 @@
 //! Scope: whose key is this?
 //!
 //! Two callers who both pick the key `"1"` must never share a record, or one of them would be
-//! answered with the other's order. The scope comes from authentication (by default the
-//! `Authorization` header, hashed, never stored or logged in clear), never from the body.
+//! answered with the other's order. The scope comes from authentication, never from the
+//! body: one source or a list of them (`header:Authorization`, `cookie:session`,
+//! `header:Stripe-Account`), hashed together, never stored or logged in clear.
+//!
+//! The hazard is a request that carries none of it. Pooling every such request into one
+//! anonymous scope hands one cookie-authenticated user another's stored order, so a keyed
+//! request missing any source is refused by default (`on_missing_scope = "reject"`);
+//! `"anonymous"` is for upstreams that accept anonymous calls and treat them all alike.
+//!
+//! Only what cannot change the caller's identity is normalised: surrounding whitespace, and
+//! the case of the scheme in `Authorization` (`bearer x` is `Bearer x`, RFC 9110 §11.1). A
+//! refreshed token is a new scope: put a stable identity header, set by the auth layer, first.
 
-use http::{HeaderMap, HeaderName};
+use http::{HeaderMap, HeaderName, header};
 use sha2::{Digest, Sha256};
+
+/// One place a caller's identity is read from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// A request header's value (`header:NAME`).
+    Header(HeaderName),
+    /// A cookie's value (`cookie:NAME`).
+    Cookie(String),
+}
+
+impl Source {
+    /// The config spelling, for errors and the policy.
+    pub fn describe(&self) -> String {
+        match self {
+            Self::Header(name) => format!("header:{name}"),
+            Self::Cookie(name) => format!("cookie:{name}"),
+        }
+    }
+
+    /// The request header this source reads.
+    pub fn header(&self) -> HeaderName {
+        match self {
+            Self::Header(name) => name.clone(),
+            Self::Cookie(_) => header::COOKIE,
+        }
+    }
+}
 
 /// Where a route takes the caller's identity from (`scope` in `gateway.toml`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ScopeSource {
     /// Every caller shares one key space (`scope = "global"`).
     Global,
-    /// The named header's value identifies the caller (`scope = "header:Authorization"`).
-    Header(HeaderName),
+    /// The caller is identified by these sources together, in this order.
+    Caller(Vec<Source>),
+}
+
+/// What a keyed request that lacks a scope source gets (`on_missing_scope`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MissingScope {
+    /// 400 `scope-missing`; nothing is forwarded. The default.
+    Reject,
+    /// The missing source counts as "absent": such callers share records.
+    Anonymous,
+}
+
+impl MissingScope {
+    /// Parses `"reject"` or `"anonymous"`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        match text {
+            "reject" => Ok(Self::Reject),
+            "anonymous" => Ok(Self::Anonymous),
+            other => Err(format!("{other:?} is neither \"reject\" nor \"anonymous\"")),
+        }
+    }
 }
 
 impl ScopeSource {
-    /// Parses the config syntax: `"global"` or `"header:NAME"`.
-    pub fn parse(text: &str) -> Result<Self, String> {
-        if text == "global" {
-            return Ok(Self::Global);
+    /// Parses the config syntax: `"global"`, or one or more of `"header:NAME"` and
+    /// `"cookie:NAME"`.
+    pub fn parse<S: AsRef<str>>(entries: &[S]) -> Result<Self, String> {
+        match entries {
+            [] => Err("is empty; name at least one source, or \"global\"".into()),
+            [one] if one.as_ref() == "global" => Ok(Self::Global),
+            many => {
+                let mut sources = Vec::with_capacity(many.len());
+                for entry in many {
+                    let source = parse_source(entry.as_ref())?;
+                    if sources.contains(&source) {
+                        return Err(format!("{:?} is listed twice", entry.as_ref()));
+                    }
+                    sources.push(source);
+                }
+                Ok(Self::Caller(sources))
+            }
         }
-        let Some(name) = text.strip_prefix("header:") else {
-            return Err(format!("{text:?} is neither \"global\" nor \"header:NAME\""));
-        };
-        HeaderName::from_bytes(name.trim().as_bytes())
-            .map(Self::Header)
-            .map_err(|_| format!("{name:?} is not a valid header name"))
     }
+
+    /// The sources, empty for `global`.
+    pub fn sources(&self) -> &[Source] {
+        match self {
+            Self::Global => &[],
+            Self::Caller(sources) => sources,
+        }
+    }
+}
+
+fn parse_source(text: &str) -> Result<Source, String> {
+    if text == "global" {
+        return Err("\"global\" cannot be combined with other sources".into());
+    }
+    if let Some(name) = text.strip_prefix("header:") {
+        return HeaderName::from_bytes(name.trim().as_bytes())
+            .map(Source::Header)
+            .map_err(|_| format!("{name:?} is not a valid header name"));
+    }
+    if let Some(name) = text.strip_prefix("cookie:") {
+        let name = name.trim();
+        let valid =
+            !name.is_empty() && name.bytes().all(|b| b.is_ascii_graphic() && !b"()<>@,;:\\\"/[]?={}".contains(&b));
+        return if valid {
+            Ok(Source::Cookie(name.to_owned()))
+        } else {
+            Err(format!("{name:?} is not a valid cookie name"))
+        };
+    }
+    Err(format!("{text:?} is none of \"global\", \"header:NAME\", \"cookie:NAME\""))
 }
 
 /// The caller's key space, as a fixed-size digest so that credentials never reach the store.
@@ -40,32 +134,95 @@ impl Scope {
     pub fn as_bytes(&self) -> &[u8; 32] {
         &self.0
     }
+
+    /// Reads the hex form (`Scope::to_hex`), as the admin API takes it.
+    pub fn from_hex(text: &str) -> Option<Self> {
+        let mut out = [0u8; 32];
+        hex::decode_to_slice(text, &mut out).ok()?;
+        Some(Self(out))
+    }
+
+    /// The digest in hex, for the admin API.
+    pub fn to_hex(&self) -> String {
+        hex::encode(self.0)
+    }
 }
 
-/// Derives the scope of a request.
-///
-/// Requests without the scope header share one anonymous scope: the gateway is not an
-/// authentication layer, and an upstream that accepts anonymous calls accepts them all alike.
-/// A header given several times is hashed with all its values in order.
-pub fn derive(source: &ScopeSource, headers: &HeaderMap) -> Scope {
+/// A keyed request lacks a scope source and the route rejects such requests.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the request has no {missing} to scope its idempotency key by")]
+pub struct ScopeMissing {
+    /// The source, as configured (`header:Authorization`).
+    pub missing: String,
+}
+
+/// Derives the scope of a request. Each source contributes its values in order, each
+/// length-prefixed; a header or cookie given several times contributes every value.
+pub fn derive(scope: &ScopeSource, missing: MissingScope, headers: &HeaderMap) -> Result<Scope, ScopeMissing> {
     let mut hasher = Sha256::new();
-    hasher.update(b"idemgate-scope-v1\0");
-    match source {
-        ScopeSource::Global => hasher.update(b"global"),
-        ScopeSource::Header(name) => {
-            let mut values = headers.get_all(name).iter().peekable();
-            if values.peek().is_none() {
-                hasher.update(b"anonymous");
-            } else {
-                hasher.update(b"caller\0");
-                for value in values {
-                    hasher.update((value.len() as u64).to_be_bytes());
-                    hasher.update(value.as_bytes());
-                }
+    hasher.update(b"idemgate-scope-v2\0");
+    let sources = match scope {
+        ScopeSource::Global => {
+            hasher.update(b"global");
+            return Ok(Scope(hasher.finalize().into()));
+        }
+        ScopeSource::Caller(sources) => sources,
+    };
+    for source in sources {
+        let values = values_of(source, headers);
+        if values.is_empty() {
+            if missing == MissingScope::Reject {
+                return Err(ScopeMissing { missing: source.describe() });
             }
+            hasher.update(b"absent\0");
+            continue;
+        }
+        hasher.update(b"present\0");
+        hasher.update((values.len() as u64).to_be_bytes());
+        for value in values {
+            hasher.update((value.len() as u64).to_be_bytes());
+            hasher.update(&value);
         }
     }
-    Scope(hasher.finalize().into())
+    Ok(Scope(hasher.finalize().into()))
+}
+
+/// The normalised values of one source; empty when the request does not carry it (an empty
+/// or blank value counts as not carried).
+fn values_of(source: &Source, headers: &HeaderMap) -> Vec<Vec<u8>> {
+    match source {
+        Source::Header(name) => {
+            headers.get_all(name).iter().map(|v| normalise(name, v.as_bytes())).filter(|v| !v.is_empty()).collect()
+        }
+        Source::Cookie(wanted) => headers
+            .get_all(header::COOKIE)
+            .iter()
+            .flat_map(|v| v.as_bytes().split(|b| *b == b';'))
+            .filter_map(|pair| {
+                let pair = pair.trim_ascii();
+                let eq = pair.iter().position(|b| *b == b'=')?;
+                (pair[..eq].trim_ascii() == wanted.as_bytes()).then(|| pair[eq + 1..].trim_ascii().to_vec())
+            })
+            .filter(|v| !v.is_empty())
+            .collect(),
+    }
+}
+
+/// Surrounding whitespace goes; for credentials, the scheme's case too.
+fn normalise(name: &HeaderName, value: &[u8]) -> Vec<u8> {
+    let value = value.trim_ascii();
+    if *name != header::AUTHORIZATION && *name != header::PROXY_AUTHORIZATION {
+        return value.to_vec();
+    }
+    match value.iter().position(|b| *b == b' ') {
+        Some(space) => {
+            let mut out = value[..space].to_ascii_lowercase();
+            out.push(b' ');
+            out.extend_from_slice(value[space..].trim_ascii());
+            out
+        }
+        None => value.to_ascii_lowercase(),
+    }
 }
 
 #[cfg(test)]
@@ -73,52 +230,104 @@ mod tests {
     use super::*;
     use http::HeaderValue;
 
-    fn headers(auth: &[&str]) -> HeaderMap {
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
-        for a in auth {
-            h.append(http::header::AUTHORIZATION, HeaderValue::from_str(a).unwrap());
+        for (k, v) in pairs {
+            h.append(HeaderName::from_bytes(k.as_bytes()).unwrap(), HeaderValue::from_str(v).unwrap());
         }
         h
     }
 
-    fn by_auth() -> ScopeSource {
-        ScopeSource::Header(http::header::AUTHORIZATION)
+    fn sources(entries: &[&str]) -> ScopeSource {
+        ScopeSource::parse(entries).unwrap()
+    }
+
+    fn scope(s: &ScopeSource, pairs: &[(&str, &str)]) -> Result<Scope, ScopeMissing> {
+        derive(s, MissingScope::Reject, &headers(pairs))
     }
 
     #[test]
     fn parses_config_syntax() {
-        assert_eq!(ScopeSource::parse("global"), Ok(ScopeSource::Global));
+        assert_eq!(ScopeSource::parse(&["global"]), Ok(ScopeSource::Global));
         assert_eq!(
-            ScopeSource::parse("header:X-User-Id"),
-            Ok(ScopeSource::Header(HeaderName::from_static("x-user-id")))
+            ScopeSource::parse(&["header:X-User-Id", "cookie:session"]),
+            Ok(ScopeSource::Caller(vec![
+                Source::Header(HeaderName::from_static("x-user-id")),
+                Source::Cookie("session".into())
+            ]))
         );
-        assert!(ScopeSource::parse("header:bad header").is_err());
-        assert!(ScopeSource::parse("user").is_err());
+        for bad in [
+            &["header:bad header"][..],
+            &["user"],
+            &["global", "header:a"],
+            &[],
+            &["cookie:"],
+            &["header:a", "header:A"],
+        ] {
+            assert!(ScopeSource::parse(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]
     fn different_callers_get_different_scopes() {
-        let a = derive(&by_auth(), &headers(&["Bearer alice"]));
-        let b = derive(&by_auth(), &headers(&["Bearer bob"]));
-        assert_ne!(a, b);
-        assert_eq!(a, derive(&by_auth(), &headers(&["Bearer alice"])));
+        let s = sources(&["header:Authorization"]);
+        let a = scope(&s, &[("authorization", "Bearer alice")]).unwrap();
+        assert_ne!(a, scope(&s, &[("authorization", "Bearer bob")]).unwrap());
+        assert_eq!(a, scope(&s, &[("authorization", "Bearer alice")]).unwrap());
     }
 
     #[test]
-    fn anonymous_differs_from_any_caller_and_from_global() {
-        let anon = derive(&by_auth(), &headers(&[]));
-        assert_ne!(anon, derive(&by_auth(), &headers(&[""])));
-        assert_ne!(anon, derive(&ScopeSource::Global, &headers(&[])));
+    fn the_scheme_case_and_surrounding_whitespace_do_not_matter_the_credential_does() {
+        let s = sources(&["header:Authorization"]);
+        let a = scope(&s, &[("authorization", "Bearer alice")]).unwrap();
+        assert_eq!(a, scope(&s, &[("authorization", "bearer alice")]).unwrap());
+        assert_eq!(a, scope(&s, &[("authorization", "  BEARER   alice ")]).unwrap());
+        assert_ne!(a, scope(&s, &[("authorization", "Bearer ALICE")]).unwrap());
+    }
+
+    #[test]
+    fn a_missing_source_is_rejected_or_anonymous_as_configured() {
+        let s = sources(&["header:Authorization", "header:Stripe-Account"]);
+        let err = scope(&s, &[("authorization", "Bearer a")]).unwrap_err();
+        assert_eq!(err.missing, "header:stripe-account");
+        assert!(scope(&s, &[("authorization", " "), ("stripe-account", "acct_1")]).is_err(), "blank counts as missing");
+        let anon = derive(&s, MissingScope::Anonymous, &headers(&[])).unwrap();
+        assert_ne!(anon, derive(&ScopeSource::Global, MissingScope::Anonymous, &headers(&[])).unwrap());
+        let half = derive(&s, MissingScope::Anonymous, &headers(&[("authorization", "Bearer a")])).unwrap();
+        assert_ne!(anon, half);
+    }
+
+    #[test]
+    fn a_list_needs_every_part_to_match() {
+        let s = sources(&["header:Authorization", "header:Stripe-Account"]);
+        let a = scope(&s, &[("authorization", "Bearer k"), ("stripe-account", "acct_1")]).unwrap();
+        assert_ne!(a, scope(&s, &[("authorization", "Bearer k"), ("stripe-account", "acct_2")]).unwrap());
+        // Parts cannot shift into each other.
+        let t = sources(&["header:a", "header:b"]);
+        assert_ne!(scope(&t, &[("a", "xy"), ("b", "z")]).unwrap(), scope(&t, &[("a", "x"), ("b", "yz")]).unwrap());
+    }
+
+    #[test]
+    fn cookies_are_read_by_name() {
+        let s = sources(&["cookie:session"]);
+        let a = scope(&s, &[("cookie", "theme=dark; session=abc")]).unwrap();
+        assert_eq!(a, scope(&s, &[("cookie", "session=abc;theme=light")]).unwrap());
+        assert_eq!(a, scope(&s, &[("cookie", "x=1"), ("cookie", "session=abc")]).unwrap());
+        assert_ne!(a, scope(&s, &[("cookie", "session=abd")]).unwrap());
+        assert!(scope(&s, &[("cookie", "sessionid=abc")]).is_err());
+        assert!(scope(&s, &[]).is_err());
     }
 
     #[test]
     fn global_ignores_the_caller() {
         let g = ScopeSource::Global;
-        assert_eq!(derive(&g, &headers(&["a"])), derive(&g, &headers(&["b"])));
+        assert_eq!(scope(&g, &[("authorization", "a")]).unwrap(), scope(&g, &[]).unwrap());
     }
 
     #[test]
-    fn repeated_header_values_are_not_concatenated_ambiguously() {
-        assert_ne!(derive(&by_auth(), &headers(&["ab", "c"])), derive(&by_auth(), &headers(&["a", "bc"])));
+    fn hex_round_trips() {
+        let s = scope(&ScopeSource::Global, &[]).unwrap();
+        assert_eq!(Scope::from_hex(&s.to_hex()), Some(s));
+        assert_eq!(Scope::from_hex("zz"), None);
     }
 }

@@ -14,7 +14,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::waiters::Waiters;
-use super::{Claim, Entry, Lease, OwnerToken, RecordKey, Renewal, Settled, Store, StoreError, StoredResponse, Watch};
+use super::{
+    Claim, Entry, EntryState, Final, Lease, OwnerToken, RecordKey, Renewal, Sent, Settled, Store, StoreError,
+    StoredResponse, Watch,
+};
 use crate::idempotent::fingerprint::Fingerprint;
 
 /// The in-process store.
@@ -42,15 +45,23 @@ struct Slot {
 }
 
 enum State {
-    InProgress { owner: OwnerToken, deadline: Instant },
+    InProgress {
+        owner: OwnerToken,
+        deadline: Instant,
+    },
     Completed(StoredResponse),
+    /// Ran; only the status and headers are kept.
+    Executed(StoredResponse),
+    Unknown,
+    /// A tombstone keeping the attempt count; any request may claim it.
+    Released,
 }
 
 impl Slot {
     fn weight(&self) -> u64 {
         match &self.state {
-            State::InProgress { .. } => 0,
-            State::Completed(r) => r.weight() as u64,
+            State::Completed(r) | State::Executed(r) => r.weight() as u64,
+            State::InProgress { .. } | State::Unknown | State::Released => 0,
         }
     }
 }
@@ -111,7 +122,8 @@ impl Inner {
                 .expiry
                 .values()
                 .find(|k| {
-                    Some(*k) != keep && matches!(self.entries.get(*k), Some(Slot { state: State::Completed(_), .. }))
+                    Some(*k) != keep
+                        && self.entries.get(*k).is_some_and(|slot| !matches!(slot.state, State::InProgress { .. }))
                 })
                 .cloned();
             match victim {
@@ -130,24 +142,31 @@ impl Store for MemoryStore {
         &self,
         key: &RecordKey,
         fingerprint: &Fingerprint,
+        owner: OwnerToken,
         lease: Duration,
         ttl: Duration,
     ) -> Result<Claim, StoreError> {
         let now = Instant::now();
-        // An open claim never expires before its lease does (as in Redis).
         let ttl = ttl.max(lease);
         let mut inner = self.lock();
-        let owner = OwnerToken::generate();
+        let claimed = State::InProgress { owner, deadline: now + lease };
         let attempt = match inner.entries.get_mut(key) {
+            Some(slot) if matches!(slot.state, State::Released) => {
+                slot.attempt += 1;
+                slot.fingerprint = *fingerprint;
+                slot.state = claimed;
+                slot.attempt
+            }
             Some(slot) if slot.fingerprint != *fingerprint => return Ok(Claim::Mismatch),
             Some(Slot { state: State::Completed(response), .. }) => return Ok(Claim::Completed(response.clone())),
+            Some(Slot { state: State::Executed(response), .. }) => return Ok(Claim::Executed(response.clone())),
+            Some(Slot { state: State::Unknown, attempt, .. }) => return Ok(Claim::Unknown { attempt: *attempt }),
             Some(Slot { state: State::InProgress { deadline, .. }, .. }) if *deadline > now => {
                 return Ok(Claim::InFlight { lease_left: *deadline - now });
             }
             Some(slot) => {
-                // The lease passed: the owner died or stalled. Take the claim over.
                 slot.attempt += 1;
-                slot.state = State::InProgress { owner, deadline: now + lease };
+                slot.state = claimed;
                 slot.attempt
             }
             None => {
@@ -156,8 +175,9 @@ impl Store for MemoryStore {
                     return Err(StoreError::Full);
                 }
                 let expires = inner.expiry_id(key, now + ttl);
-                let state = State::InProgress { owner, deadline: now + lease };
-                inner.entries.insert(key.clone(), Slot { fingerprint: *fingerprint, attempt: 1, expires, state });
+                inner
+                    .entries
+                    .insert(key.clone(), Slot { fingerprint: *fingerprint, attempt: 1, expires, state: claimed });
                 1
             }
         };
@@ -186,14 +206,13 @@ impl Store for MemoryStore {
         Ok(Renewal::Renewed)
     }
 
-    async fn complete(
-        &self,
-        lease: Lease,
-        response: &StoredResponse,
-        retention: Duration,
-    ) -> Result<Settled, StoreError> {
+    async fn settle(&self, lease: &Lease, outcome: Final<'_>, retention: Duration) -> Result<Settled, StoreError> {
         let now = Instant::now();
-        let stored = response.compact();
+        let state = match outcome {
+            Final::Response(r) => State::Completed(r.compact()),
+            Final::Executed(r) => State::Executed(r.compact()),
+            Final::Unknown => State::Unknown,
+        };
         {
             let mut inner = self.lock();
             let Some(slot) = inner.entries.get_mut(&lease.key) else {
@@ -202,8 +221,8 @@ impl Store for MemoryStore {
             if !matches!(slot.state, State::InProgress { owner, .. } if owner == lease.owner) {
                 return Ok(Settled::Lost);
             }
-            let weight = stored.weight() as u64;
-            slot.state = State::Completed(stored);
+            slot.state = state;
+            let weight = slot.weight();
             inner.bytes += weight;
             inner.set_expiry(&lease.key, now + retention);
             let max_bytes = self.max_bytes;
@@ -213,19 +232,33 @@ impl Store for MemoryStore {
         Ok(Settled::Done)
     }
 
-    async fn release(&self, lease: Lease) -> Result<Settled, StoreError> {
+    async fn release(
+        &self,
+        key: &RecordKey,
+        owner: OwnerToken,
+        sent: Sent,
+        ttl: Duration,
+    ) -> Result<Settled, StoreError> {
+        let now = Instant::now();
         {
             let mut inner = self.lock();
-            let owned = matches!(
-                inner.entries.get(&lease.key),
-                Some(Slot { state: State::InProgress { owner, .. }, .. }) if *owner == lease.owner
-            );
-            if !owned {
+            let Some(slot) = inner.entries.get_mut(key) else {
+                return Ok(Settled::Lost);
+            };
+            if !matches!(slot.state, State::InProgress { owner: o, .. } if o == owner) {
                 return Ok(Settled::Lost);
             }
-            inner.remove(&lease.key);
+            if sent == Sent::No {
+                slot.attempt -= 1;
+            }
+            if slot.attempt == 0 {
+                inner.remove(key);
+            } else {
+                slot.state = State::Released;
+                inner.set_expiry(key, now + ttl);
+            }
         }
-        self.waiters.notify(lease.key.as_str());
+        self.waiters.notify(key.as_str());
         Ok(Settled::Done)
     }
 
@@ -233,30 +266,40 @@ impl Store for MemoryStore {
         let now = Instant::now();
         let inner = self.lock();
         Ok(inner.entries.get(key).map(|slot| {
-            let expires_in = slot.expires.0.saturating_duration_since(now);
-            match &slot.state {
-                State::InProgress { deadline, .. } => Entry::InProgress {
-                    attempt: slot.attempt,
-                    lease_left: deadline.saturating_duration_since(now),
-                    expires_in,
-                },
-                State::Completed(r) => Entry::Completed {
-                    attempt: slot.attempt,
-                    status: r.status.as_u16(),
-                    body_len: r.body.len(),
-                    expires_in,
-                },
-            }
+            let state = match &slot.state {
+                State::InProgress { deadline, .. } => {
+                    EntryState::InProgress { lease_left: deadline.saturating_duration_since(now) }
+                }
+                State::Completed(r) => EntryState::Completed { status: r.status.as_u16(), body_len: r.body.len() },
+                State::Executed(r) => EntryState::Executed { status: r.status.as_u16() },
+                State::Unknown => EntryState::Unknown,
+                State::Released => EntryState::Released,
+            };
+            Entry { state, attempt: slot.attempt, expires_in: slot.expires.0.saturating_duration_since(now) }
         }))
     }
 
-    async fn delete(&self, key: &RecordKey) -> Result<bool, StoreError> {
-        let removed = self.lock().remove(key).is_some();
-        Ok(removed)
+    async fn purge(&self, key: &RecordKey) -> Result<Option<&'static str>, StoreError> {
+        let released = {
+            let mut inner = self.lock();
+            let Some(slot) = inner.entries.get_mut(key) else { return Ok(None) };
+            let name = match slot.state {
+                State::InProgress { .. } => "in_progress",
+                State::Completed(_) => "completed",
+                State::Executed(_) => "executed",
+                State::Unknown => "unknown",
+                State::Released => return Ok(None),
+            };
+            let weight = slot.weight();
+            slot.state = State::Released;
+            inner.bytes -= weight;
+            name
+        };
+        self.waiters.notify(key.as_str());
+        Ok(Some(released))
     }
 
     fn watch(&self, key: &RecordKey) -> Watch {
-        // Notifications are delivered in-process and cannot be lost: no polling needed.
         self.waiters.watch(key.as_str(), None)
     }
 
@@ -283,11 +326,13 @@ mod tests {
     const LEASE: Duration = Duration::from_secs(10);
     const TTL: Duration = Duration::from_secs(3600);
 
+    async fn claim(store: &MemoryStore, n: u32, lease: Duration, ttl: Duration) -> Result<Claim, StoreError> {
+        store.claim(&key(n), &FP, OwnerToken::generate(), lease, ttl).await
+    }
+
     async fn complete(store: &MemoryStore, n: u32, len: usize) {
-        let Claim::Acquired(lease) = store.claim(&key(n), &FP, LEASE, TTL).await.unwrap() else {
-            panic!("not acquired")
-        };
-        assert_eq!(store.complete(lease, &response(len), TTL).await.unwrap(), Settled::Done);
+        let Claim::Acquired(lease) = claim(store, n, LEASE, TTL).await.unwrap() else { panic!("not acquired") };
+        assert_eq!(store.settle(&lease, Final::Response(&response(len)), TTL).await.unwrap(), Settled::Done);
     }
 
     #[tokio::test(start_paused = true)]
@@ -305,8 +350,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn open_claims_are_never_evicted_and_a_full_store_says_so() {
         let store = MemoryStore::new(1, u64::MAX);
-        let _held = store.claim(&key(1), &FP, LEASE, TTL).await.unwrap();
-        assert!(matches!(store.claim(&key(2), &FP, LEASE, TTL).await, Err(StoreError::Full)));
+        let _held = claim(&store, 1, LEASE, TTL).await.unwrap();
+        assert!(matches!(claim(&store, 2, LEASE, TTL).await, Err(StoreError::Full)));
     }
 
     #[tokio::test(start_paused = true)]
@@ -323,9 +368,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_open_claim_outlives_a_ttl_shorter_than_its_lease() {
         let store = MemoryStore::new(100, u64::MAX);
-        let _held = store.claim(&key(1), &FP, Duration::from_millis(400), Duration::from_millis(100)).await.unwrap();
+        let _held = claim(&store, 1, Duration::from_millis(400), Duration::from_millis(100)).await.unwrap();
         tokio::time::advance(Duration::from_millis(200)).await;
-        assert!(matches!(store.claim(&key(1), &FP, LEASE, TTL).await.unwrap(), Claim::InFlight { .. }));
+        assert!(matches!(claim(&store, 1, LEASE, TTL).await.unwrap(), Claim::InFlight { .. }));
     }
 
     #[tokio::test(start_paused = true)]

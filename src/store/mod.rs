@@ -1,16 +1,23 @@
 //! Store: the state of every key, shared by all gateway instances.
 //!
 //! ```text
-//! absent ──claim──▶ in_progress{fingerprint, owner, lease deadline, attempt}
-//! in_progress ──complete(owner)──▶ completed{fingerprint, response}   (retention)
-//! in_progress ──release(owner)───▶ absent
-//! in_progress ──lease passes─────▶ claimable again (next claim takes over, attempt + 1)
-//! completed   ──retention passes─▶ absent
+//! absent | released ──claim──▶ in_progress{fingerprint, owner, lease deadline, attempt}
+//! in_progress ──settle(owner, Response)─▶ completed{fingerprint, response}      (retention)
+//! in_progress ──settle(owner, Executed)─▶ executed{fingerprint, status+headers} (retention)
+//! in_progress ──settle(owner, Unknown)──▶ unknown{fingerprint, attempt}         (retention)
+//! in_progress ──release(owner)──────────▶ released{attempt}                     (retention)
+//! in_progress ──lease passes────────────▶ claimable again (takeover, attempt + 1)
+//! any ──purge (operator)────────────────▶ released{attempt}
+//! any ──retention passes────────────────▶ absent
 //! ```
 //!
-//! Every transition after the claim names the owner token, so a gateway whose lease was taken
-//! over can neither complete nor release the new owner's claim. Claim, fingerprint compare,
-//! replay read and takeover happen in ONE store call; so does each later transition.
+//! The attempt counts the executions that may have reached the upstream; the next execution
+//! of a released or taken-over key is announced upstream as attempt + 1 (a release of an
+//! attempt that never left gives its number back). Every transition after the claim names the
+//! owner token, so a gateway whose lease was taken over can neither settle nor release the
+//! new owner's claim. The owner token is made before the claim call: a claim whose reply was
+//! lost (timeout) can still be released by its owner. Claim, fingerprint compare, replay read
+//! and takeover happen in ONE store call; so does each later transition.
 //!
 //! Two backends implement [`Store`] and pass one conformance suite (`tests/store_contract.rs`):
 //! [`RedisStore`] (Lua scripts, any number of instances) and [`MemoryStore`] (one process).
@@ -70,7 +77,8 @@ impl RecordKey {
 pub struct OwnerToken([u8; 16]);
 
 impl OwnerToken {
-    fn generate() -> Self {
+    /// A fresh random token, made before the claim call that uses it.
+    pub fn generate() -> Self {
         Self(rand::random())
     }
 
@@ -85,11 +93,11 @@ impl std::fmt::Debug for OwnerToken {
     }
 }
 
-/// The right to run one request upstream. Not `Clone`: it is consumed by
-/// [`Store::complete`] or [`Store::release`], so each claim ends exactly once. A lease that
+/// The right to run one request upstream. Not `Clone`: the exchange ends it exactly once,
+/// by settling it ([`Store::settle`]) or releasing it ([`Lease::into_release`]). A lease that
 /// is dropped instead (the process died, a bug) simply expires and is taken over.
 #[derive(Debug)]
-#[must_use = "a lease must be completed or released, or its key stays blocked until it expires"]
+#[must_use = "a lease must be settled or released, or its key stays blocked until it expires"]
 pub struct Lease {
     key: RecordKey,
     owner: OwnerToken,
@@ -117,6 +125,34 @@ impl Lease {
     pub fn duration(&self) -> Duration {
         self.duration
     }
+
+    /// How long the record lives while the claim is open, and as a tombstone after a release.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+}
+
+/// Whether a released request may have reached the upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sent {
+    /// It may have: its attempt number is used up.
+    Maybe,
+    /// It certainly did not (never forwarded, or the connection was refused): the next
+    /// execution gets its attempt number.
+    No,
+}
+
+/// How a claim that ran ends in the store.
+#[derive(Debug, Clone, Copy)]
+pub enum Final<'a> {
+    /// The whole response, replayed to every retry.
+    Response(&'a StoredResponse),
+    /// The request ran and answered, but its body was too large to keep: the status and
+    /// headers (the body empty), so retries learn what happened without running it again.
+    Executed(&'a StoredResponse),
+    /// The request was sent and no complete answer came back: nobody knows whether the
+    /// upstream acted on it. Retries are refused until an operator purges the key.
+    Unknown,
 }
 
 /// The result of claiming a key.
@@ -126,6 +162,14 @@ pub enum Claim {
     Acquired(Lease),
     /// The first request finished; here is its response to replay.
     Completed(StoredResponse),
+    /// The first request ran, but its body was not stored: its status and headers.
+    Executed(StoredResponse),
+    /// The first request was sent and its outcome is unknown; `attempt` executions may have
+    /// reached the upstream.
+    Unknown {
+        /// Executions that may have reached the upstream.
+        attempt: u32,
+    },
     /// Another request holds the key and its lease is live for `lease_left`.
     InFlight { lease_left: Duration },
     /// The key was used with a different fingerprint.
@@ -141,7 +185,7 @@ pub enum Renewal {
     Lost,
 }
 
-/// The result of completing or releasing a lease.
+/// The result of settling or releasing a lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Settled {
     /// The transition happened.
@@ -152,27 +196,52 @@ pub enum Settled {
 
 /// What the store holds for one key, for inspection.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Entry {
-    /// A claim is open.
+pub struct Entry {
+    /// The state, with what it holds.
+    pub state: EntryState,
+    /// Executions that may have reached the upstream so far.
+    pub attempt: u32,
+    /// Time until the record is dropped.
+    pub expires_in: Duration,
+}
+
+/// The state of a record, for inspection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EntryState {
+    /// A claim is open; `lease_left` is zero when it can be taken over.
     InProgress {
-        /// Claim attempt number.
-        attempt: u32,
-        /// Time left on the lease; zero when it has passed and the key can be taken over.
+        /// Time left on the lease.
         lease_left: Duration,
-        /// Time until the record is dropped.
-        expires_in: Duration,
     },
     /// A response is stored.
     Completed {
-        /// Claim attempt that completed.
-        attempt: u32,
         /// The stored status code.
         status: u16,
         /// Size of the stored body.
         body_len: usize,
-        /// Time until the record is dropped.
-        expires_in: Duration,
     },
+    /// The request ran; its body was not stored.
+    Executed {
+        /// The status it answered with.
+        status: u16,
+    },
+    /// The request's outcome is unknown; retries are refused.
+    Unknown,
+    /// Released: the next request runs, as the next attempt.
+    Released,
+}
+
+impl EntryState {
+    /// The name used by the admin API.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::InProgress { .. } => "in_progress",
+            Self::Completed { .. } => "completed",
+            Self::Executed { .. } => "executed",
+            Self::Unknown => "unknown",
+            Self::Released => "released",
+        }
+    }
 }
 
 /// Why a store call failed. Any of these makes the route apply its `on_store_error` policy.
@@ -194,13 +263,14 @@ pub enum StoreError {
 
 /// The transitions of one key. Implementations must be atomic per call.
 pub trait Store: Send + Sync {
-    /// Claims `key` for a request with `fingerprint`: acquires it if absent (or its lease has
-    /// passed), else reports what is there. `ttl` bounds how long an open claim is kept; it is
-    /// never shorter than the lease.
+    /// Claims `key` for a request with `fingerprint` under the caller's fresh `owner` token:
+    /// acquires it if absent or released (or its lease has passed), else reports what is
+    /// there. `ttl` bounds how long an open claim is kept; it is never shorter than the lease.
     fn claim(
         &self,
         key: &RecordKey,
         fingerprint: &Fingerprint,
+        owner: OwnerToken,
         lease: Duration,
         ttl: Duration,
     ) -> impl Future<Output = Result<Claim, StoreError>> + Send;
@@ -208,30 +278,46 @@ pub trait Store: Send + Sync {
     /// Extends a live lease by its full duration.
     fn renew(&self, lease: &Lease) -> impl Future<Output = Result<Renewal, StoreError>> + Send;
 
-    /// Stores the response under the lease's key for `retention`, ending the claim.
-    fn complete(
+    /// Ends the claim with its outcome, kept for `retention`. Takes the lease by reference so
+    /// that a call that failed can be repeated; the caller drops the lease once it is settled.
+    fn settle(
         &self,
-        lease: Lease,
-        response: &StoredResponse,
+        lease: &Lease,
+        outcome: Final<'_>,
         retention: Duration,
     ) -> impl Future<Output = Result<Settled, StoreError>> + Send;
 
-    /// Ends the claim without a response: the key becomes absent, so a retry runs again.
-    fn release(&self, lease: Lease) -> impl Future<Output = Result<Settled, StoreError>> + Send;
+    /// Ends the claim of `owner` on `key` without an outcome: a retry runs again. Takes the
+    /// owner rather than a [`Lease`] so that a claim whose reply never arrived can be released.
+    fn release(
+        &self,
+        key: &RecordKey,
+        owner: OwnerToken,
+        sent: Sent,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Settled, StoreError>> + Send;
 
     /// What the store holds for `key`.
     fn get(&self, key: &RecordKey) -> impl Future<Output = Result<Option<Entry>, StoreError>> + Send;
 
-    /// Removes `key` whatever its state; `true` if something was removed.
-    fn delete(&self, key: &RecordKey) -> impl Future<Output = Result<bool, StoreError>> + Send;
+    /// Releases `key` whatever holds it, keeping its attempt count (an operator's purge).
+    /// Returns the state it released, `None` when there was nothing to release.
+    fn purge(&self, key: &RecordKey) -> impl Future<Output = Result<Option<&'static str>, StoreError>> + Send;
 
-    /// Starts watching `key`: the returned [`Watch`] fires when the key is completed or
+    /// Starts watching `key`: the returned [`Watch`] fires when the key is settled or
     /// released after this call. Register BEFORE re-reading the key, or a change between the
     /// read and the registration is missed.
     fn watch(&self, key: &RecordKey) -> Watch;
 
     /// Whether the store answers.
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
+}
+
+impl Lease {
+    /// Consumes the lease for a release: its key, owner and tombstone ttl.
+    pub fn into_release(self) -> (RecordKey, OwnerToken, Duration) {
+        (self.key, self.owner, self.ttl)
+    }
 }
 
 /// The configured backend.
@@ -279,30 +365,32 @@ impl Store for Backend {
         &self,
         key: &RecordKey,
         fp: &Fingerprint,
+        owner: OwnerToken,
         lease: Duration,
         ttl: Duration,
     ) -> Result<Claim, StoreError> {
-        delegate!(self, s => s.claim(key, fp, lease, ttl).await)
+        delegate!(self, s => s.claim(key, fp, owner, lease, ttl).await)
     }
     async fn renew(&self, lease: &Lease) -> Result<Renewal, StoreError> {
         delegate!(self, s => s.renew(lease).await)
     }
-    async fn complete(
-        &self,
-        lease: Lease,
-        response: &StoredResponse,
-        retention: Duration,
-    ) -> Result<Settled, StoreError> {
-        delegate!(self, s => s.complete(lease, response, retention).await)
+    async fn settle(&self, lease: &Lease, outcome: Final<'_>, retention: Duration) -> Result<Settled, StoreError> {
+        delegate!(self, s => s.settle(lease, outcome, retention).await)
     }
-    async fn release(&self, lease: Lease) -> Result<Settled, StoreError> {
-        delegate!(self, s => s.release(lease).await)
+    async fn release(
+        &self,
+        key: &RecordKey,
+        owner: OwnerToken,
+        sent: Sent,
+        ttl: Duration,
+    ) -> Result<Settled, StoreError> {
+        delegate!(self, s => s.release(key, owner, sent, ttl).await)
     }
     async fn get(&self, key: &RecordKey) -> Result<Option<Entry>, StoreError> {
         delegate!(self, s => s.get(key).await)
     }
-    async fn delete(&self, key: &RecordKey) -> Result<bool, StoreError> {
-        delegate!(self, s => s.delete(key).await)
+    async fn purge(&self, key: &RecordKey) -> Result<Option<&'static str>, StoreError> {
+        delegate!(self, s => s.purge(key).await)
     }
     fn watch(&self, key: &RecordKey) -> Watch {
         delegate!(self, s => s.watch(key))

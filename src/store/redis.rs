@@ -18,8 +18,11 @@
 //! Redis can lose records: a restart without persistence, a failover to a replica that had not
 //! caught up, a FLUSHALL, eviction under memory pressure. The gateway cannot prevent a retry
 //! from running again then (the upstream's UNIQUE constraint must catch it), but it says so:
-//! each gateway keeps an epoch marker (`PREFIX:epoch`) and checks it every second; when the
-//! marker vanishes or changes, the loss is logged and counted (`store_data_loss_total`).
+//! each gateway keeps an epoch marker (`PREFIX:epoch`) and checks it every second, together
+//! with the server's `run_id` and `master_replid`; when the marker vanishes or changes, or the
+//! server behind the address is another one (restart, failover), the loss is logged and
+//! counted (`store_data_loss_total`). Only `maxmemory-policy noeviction` keeps records from
+//! being evicted: the `volatile-*` policies evict records (they expire), never the marker.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -33,7 +36,10 @@ use redis::{Cmd, ErrorKind, FromRedisValue, RedisError, RedisWrite, Script, Serv
 use tokio::task::JoinHandle;
 
 use super::waiters::Waiters;
-use super::{Claim, Entry, Lease, OwnerToken, RecordKey, Renewal, Settled, Store, StoreError, StoredResponse, Watch};
+use super::{
+    Claim, Entry, EntryState, Final, Lease, OwnerToken, RecordKey, Renewal, Sent, Settled, Store, StoreError,
+    StoredResponse, Watch,
+};
 use crate::idempotent::fingerprint::Fingerprint;
 
 /// How often a waiter re-reads its key while the subscription is up (a lost message costs at
@@ -44,22 +50,24 @@ const POLL_UNSUBSCRIBED: Duration = Duration::from_millis(100);
 struct Scripts {
     claim: Script,
     renew: Script,
-    complete: Script,
+    settle: Script,
     release: Script,
+    purge: Script,
     inspect: Script,
 }
 
 impl Scripts {
-    fn all(&self) -> [&Script; 5] {
-        [&self.claim, &self.renew, &self.complete, &self.release, &self.inspect]
+    fn all(&self) -> [&Script; 6] {
+        [&self.claim, &self.renew, &self.settle, &self.release, &self.purge, &self.inspect]
     }
 
     fn new() -> Self {
         Self {
             claim: Script::new(include_str!("lua/claim.lua")),
             renew: Script::new(include_str!("lua/renew.lua")),
-            complete: Script::new(include_str!("lua/complete.lua")),
+            settle: Script::new(include_str!("lua/settle.lua")),
             release: Script::new(include_str!("lua/release.lua")),
+            purge: Script::new(include_str!("lua/purge.lua")),
             inspect: Script::new(include_str!("lua/inspect.lua")),
         }
     }
@@ -181,10 +189,10 @@ impl Store for RedisStore {
         &self,
         key: &RecordKey,
         fingerprint: &Fingerprint,
+        owner: OwnerToken,
         lease: Duration,
         ttl: Duration,
     ) -> Result<Claim, StoreError> {
-        let owner = OwnerToken::generate();
         let reply = self
             .eval(&self.scripts.claim, key, |cmd| {
                 cmd.arg(&fingerprint.as_bytes()[..]).arg(&owner.as_bytes()[..]).arg(ms(lease)).arg(ms(ttl.max(lease)));
@@ -192,15 +200,10 @@ impl Store for RedisStore {
             .await?;
         let mut items = Reply::array(reply)?;
         match items.tag()?.as_slice() {
-            b"acquired" => {
-                let attempt = u32::try_from(items.int()?).map_err(|_| protocol("attempt out of range"))?;
-                Ok(Claim::Acquired(Lease::new(key.clone(), owner, attempt, lease, ttl)))
-            }
-            b"completed" => {
-                let record =
-                    StoredResponse::decode(Bytes::from(items.bytes()?)).map_err(|e| protocol(&e.to_string()))?;
-                Ok(Claim::Completed(record))
-            }
+            b"acquired" => Ok(Claim::Acquired(Lease::new(key.clone(), owner, items.attempt()?, lease, ttl))),
+            b"completed" => Ok(Claim::Completed(items.response()?)),
+            b"executed" => Ok(Claim::Executed(items.response()?)),
+            b"unknown" => Ok(Claim::Unknown { attempt: items.attempt()? }),
             b"inflight" => Ok(Claim::InFlight { lease_left: Duration::from_millis(items.int()?.max(0) as u64) }),
             b"mismatch" => Ok(Claim::Mismatch),
             other => Err(protocol(&format!("unknown claim reply {:?}", String::from_utf8_lossy(other)))),
@@ -219,24 +222,39 @@ impl Store for RedisStore {
         }
     }
 
-    async fn complete(
-        &self,
-        lease: Lease,
-        response: &StoredResponse,
-        retention: Duration,
-    ) -> Result<Settled, StoreError> {
+    async fn settle(&self, lease: &Lease, outcome: Final<'_>, retention: Duration) -> Result<Settled, StoreError> {
+        let (state, response) = match outcome {
+            Final::Response(r) => ("c", Some(r)),
+            Final::Executed(r) => ("x", Some(r)),
+            Final::Unknown => ("u", None),
+        };
         let reply = self
-            .eval(&self.scripts.complete, &lease.key, |cmd| {
-                cmd.arg(&lease.owner.as_bytes()[..]).arg(Encoded(response)).arg(ms(retention)).arg(&self.channel);
+            .eval(&self.scripts.settle, &lease.key, |cmd| {
+                cmd.arg(&lease.owner.as_bytes()[..]).arg(state);
+                match response {
+                    Some(r) => cmd.arg(Encoded(r)),
+                    None => cmd.arg(""),
+                };
+                cmd.arg(ms(retention)).arg(&self.channel);
             })
             .await?;
         settled(Reply::integer(reply)?)
     }
 
-    async fn release(&self, lease: Lease) -> Result<Settled, StoreError> {
+    async fn release(
+        &self,
+        key: &RecordKey,
+        owner: OwnerToken,
+        sent: Sent,
+        ttl: Duration,
+    ) -> Result<Settled, StoreError> {
+        let sent = match sent {
+            Sent::Maybe => "1",
+            Sent::No => "0",
+        };
         let reply = self
-            .eval(&self.scripts.release, &lease.key, |cmd| {
-                cmd.arg(&lease.owner.as_bytes()[..]).arg(&self.channel);
+            .eval(&self.scripts.release, key, |cmd| {
+                cmd.arg(&owner.as_bytes()[..]).arg(sent).arg(ms(ttl)).arg(&self.channel);
             })
             .await?;
         settled(Reply::integer(reply)?)
@@ -247,26 +265,37 @@ impl Store for RedisStore {
         if items.is_empty() {
             return Ok(None);
         }
-        let state = items.tag()?;
-        let attempt = u32::try_from(items.int()?).map_err(|_| protocol("attempt out of range"))?;
+        let tag = items.tag()?;
+        let attempt = items.attempt()?;
         let lease_left = Duration::from_millis(items.int()?.max(0) as u64);
         let expires_in = Duration::from_millis(items.int()?.max(0) as u64);
-        let record = items.bytes()?;
-        Ok(Some(match state.as_slice() {
-            b"p" => Entry::InProgress { attempt, lease_left, expires_in },
+        let state = match tag.as_slice() {
+            b"p" => EntryState::InProgress { lease_left },
             b"c" => {
-                let r = StoredResponse::decode(Bytes::from(record)).map_err(|e| protocol(&e.to_string()))?;
-                Entry::Completed { attempt, status: r.status.as_u16(), body_len: r.body.len(), expires_in }
+                let r = items.response()?;
+                EntryState::Completed { status: r.status.as_u16(), body_len: r.body.len() }
             }
+            b"x" => EntryState::Executed { status: items.response()?.status.as_u16() },
+            b"u" => EntryState::Unknown,
+            b"r" => EntryState::Released,
             _ => return Err(protocol("unknown record state")),
-        }))
+        };
+        Ok(Some(Entry { state, attempt, expires_in }))
     }
 
-    async fn delete(&self, key: &RecordKey) -> Result<bool, StoreError> {
-        let mut del = redis::cmd("DEL");
-        del.arg(key.as_str());
-        let removed: i64 = self.query(del, None).await?;
-        Ok(removed > 0)
+    async fn purge(&self, key: &RecordKey) -> Result<Option<&'static str>, StoreError> {
+        let reply = self.eval(&self.scripts.purge, key, |cmd| {
+            cmd.arg(&self.channel);
+        });
+        let mut items = Reply(vec![reply.await?].into_iter());
+        Ok(match items.tag()?.as_slice() {
+            b"" => None,
+            b"p" => Some("in_progress"),
+            b"c" => Some("completed"),
+            b"x" => Some("executed"),
+            b"u" => Some("unknown"),
+            other => return Err(protocol(&format!("unknown purge reply {:?}", String::from_utf8_lossy(other)))),
+        })
     }
 
     fn watch(&self, key: &RecordKey) -> Watch {
@@ -333,6 +362,14 @@ impl Reply {
         }
     }
 
+    fn attempt(&mut self) -> Result<u32, StoreError> {
+        u32::try_from(self.int()?).map_err(|_| protocol("attempt out of range"))
+    }
+
+    fn response(&mut self) -> Result<StoredResponse, StoreError> {
+        StoredResponse::decode(Bytes::from(self.bytes()?)).map_err(|e| protocol(&e.to_string()))
+    }
+
     fn int(&mut self) -> Result<i64, StoreError> {
         match self.0.next() {
             Some(v) => Self::integer(v),
@@ -371,24 +408,34 @@ async fn subscribe(client: redis::Client, channel: String, waiters: Arc<Waiters>
 /// How often the epoch marker is checked.
 const EPOCH_CHECK: Duration = Duration::from_secs(1);
 
-/// Detects that Redis lost its data: the marker this gateway saw is gone or replaced.
+/// What the gateway knows of the Redis it talks to, checked every [`EPOCH_CHECK`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Observed {
+    /// The epoch marker's value (`PREFIX:epoch`).
+    epoch: String,
+    /// `run_id`: new on every start of the server process.
+    run_id: String,
+    /// `master_replid`: new when a replica is promoted (a failover).
+    replid: String,
+}
+
+/// Detects that Redis lost, or may have lost, its data:
+///
+/// - the epoch marker this gateway saw is gone or replaced: the records went with it
+///   (restart without persistence, flush, failover to an empty replica, eviction);
+/// - the marker is there but the server is another one (`run_id` or `master_replid` changed):
+///   a restart from a snapshot or a failover to a replica that lagged may have lost the last
+///   writes before it, so a retry of a request answered just before may run again.
 async fn watch_epoch(conn: ConnectionManager, marker: String, data_loss: Counter) {
-    let mut known: Option<String> = None;
+    let mut known: Option<Observed> = None;
     loop {
         // A fresh candidate each time: a marker re-created by this same gateway after a loss
         // must differ from the one it knew.
         let candidate = hex::encode(rand::random::<[u8; 16]>());
-        match read_or_set_epoch(conn.clone(), &marker, &candidate).await {
+        match observe(conn.clone(), &marker, &candidate).await {
             Ok(current) => {
-                if let Some(previous) = known.as_ref().filter(|previous| **previous != current) {
-                    data_loss.inc();
-                    tracing::error!(
-                        previous = %previous,
-                        current = %current,
-                        "Redis lost its data (restart without persistence, failover, flush or eviction): \
-                         retries of requests that already ran will reach the upstream again, whose own \
-                         UNIQUE constraint must answer them"
-                    );
+                if let Some(previous) = known.as_ref() {
+                    report_change(previous, &current, &data_loss);
                 }
                 known = Some(current);
             }
@@ -398,9 +445,32 @@ async fn watch_epoch(conn: ConnectionManager, marker: String, data_loss: Counter
     }
 }
 
-/// The current epoch: the existing marker, or `candidate` if there was none (set without expiry).
-async fn read_or_set_epoch(mut conn: ConnectionManager, marker: &str, candidate: &str) -> Result<String, StoreError> {
-    let (current,): (String,) = redis::pipe()
+fn report_change(previous: &Observed, current: &Observed, data_loss: &Counter) {
+    if previous.epoch != current.epoch {
+        data_loss.inc();
+        tracing::error!(
+            previous = %previous.epoch,
+            current = %current.epoch,
+            "Redis lost its data (restart without persistence, failover, flush or eviction): \
+             retries of requests that already ran will reach the upstream again, whose own \
+             UNIQUE constraint must answer them"
+        );
+    } else if previous.run_id != current.run_id || previous.replid != current.replid {
+        data_loss.inc();
+        tracing::error!(
+            restarted = previous.run_id != current.run_id,
+            failed_over = previous.replid != current.replid,
+            "Redis restarted or failed over: records written just before may be lost, so a \
+             retry of a request answered then may reach the upstream again, whose own UNIQUE \
+             constraint must answer it"
+        );
+    }
+}
+
+/// The current epoch (the existing marker, or `candidate` if there was none, set without
+/// expiry) and the server's identity, in one round trip.
+async fn observe(mut conn: ConnectionManager, marker: &str, candidate: &str) -> Result<Observed, StoreError> {
+    let (epoch, server, replication): (String, String, String) = redis::pipe()
         .cmd("SET")
         .arg(marker)
         .arg(candidate)
@@ -408,10 +478,23 @@ async fn read_or_set_epoch(mut conn: ConnectionManager, marker: &str, candidate:
         .ignore()
         .cmd("GET")
         .arg(marker)
+        .cmd("INFO")
+        .arg("server")
+        .cmd("INFO")
+        .arg("replication")
         .query_async(&mut conn)
         .await
         .map_err(unavailable)?;
-    Ok(current)
+    Ok(Observed { epoch, run_id: info_field(&server, "run_id"), replid: info_field(&replication, "master_replid") })
+}
+
+/// One `name:value` line of an INFO reply ("" when absent).
+fn info_field(info: &str, name: &str) -> String {
+    info.lines()
+        .find_map(|line| line.strip_prefix(name).and_then(|rest| rest.strip_prefix(':')))
+        .unwrap_or("")
+        .trim()
+        .to_owned()
 }
 
 /// Loads every script once Redis answers, so that the first calls after a start do not begin

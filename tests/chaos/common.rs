@@ -4,7 +4,7 @@ use std::net::SocketAddr;
 
 use http::Method;
 
-use crate::support::client::{Client, Reply};
+use crate::support::client::{Client, DEFAULT_AUTH, Reply};
 
 /// One row of the summary table.
 #[derive(Debug, Default, Clone)]
@@ -72,7 +72,7 @@ pub async fn post(client: &Client, path: &str, key: &str, body: &str) -> Result<
         .try_send(
             Method::POST,
             path,
-            &[("content-type", "application/json"), ("idempotency-key", key)],
+            &[("content-type", "application/json"), ("idempotency-key", key), ("authorization", DEFAULT_AUTH)],
             body.to_owned(),
         )
         .await

@@ -9,6 +9,9 @@ use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
+/// The Authorization value test requests carry unless a test says otherwise.
+pub const DEFAULT_AUTH: &str = "Bearer tester";
+
 #[derive(Debug, Clone)]
 pub struct Reply {
     pub status: StatusCode,
@@ -88,12 +91,13 @@ impl Client {
         self.send(Method::GET, path, headers, Bytes::new()).await
     }
 
-    /// POST a JSON body with an Idempotency-Key (raw header value) if given.
+    /// POST a JSON body with an Idempotency-Key (raw header value) if given, as the caller
+    /// [`DEFAULT_AUTH`] (idempotent routes refuse keyed requests without a scope).
     pub async fn post_json(&self, path: &str, key: Option<&str>, body: &str) -> Reply {
-        self.post_json_as(path, key, None, body).await
+        self.post_json_as(path, key, Some(DEFAULT_AUTH), body).await
     }
 
-    /// POST a JSON body as the caller authenticated by `auth`.
+    /// POST a JSON body as the caller authenticated by `auth` (none: no Authorization).
     pub async fn post_json_as(&self, path: &str, key: Option<&str>, auth: Option<&str>, body: &str) -> Reply {
         let mut headers = vec![("content-type", "application/json")];
         if let Some(k) = key {

@@ -6,6 +6,8 @@
 pub mod client;
 pub mod gateway;
 pub mod process;
+pub mod proxy;
+pub mod raw_upstream;
 pub mod redis;
 pub mod upstream;
 

@@ -40,6 +40,25 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
+    pub fn addr(&self) -> std::net::SocketAddr {
+        std::net::SocketAddr::from(([127, 0, 0, 1], self.port))
+    }
+
+    /// Makes this server a replica of `primary`.
+    pub fn replicate(&self, primary: &RedisServer) {
+        let _: () = ::redis::cmd("REPLICAOF").arg("127.0.0.1").arg(primary.port).query(&mut self.connection()).unwrap();
+    }
+
+    /// Promotes this replica to a primary, as a failover does.
+    pub fn promote(&self) {
+        let _: () = ::redis::cmd("REPLICAOF").arg("NO").arg("ONE").query(&mut self.connection()).unwrap();
+    }
+
+    /// Keys in the current database.
+    pub fn dbsize(&self) -> u64 {
+        ::redis::cmd("DBSIZE").query(&mut self.connection()).unwrap()
+    }
+
     /// Starts redis-server on `self.port`; false when it exited (its port was taken).
     fn launch(&self) -> bool {
         let mut cmd = Command::new("redis-server");

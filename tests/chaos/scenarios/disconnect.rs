@@ -27,7 +27,7 @@ pub async fn run() -> Report {
         hangups.spawn(async move {
             let body = order(k);
             let request = format!(
-                "POST /orders HTTP/1.1\r\nhost: shop\r\ncontent-type: application/json\r\nidempotency-key: {}\r\ncontent-length: {}\r\n\r\n{body}",
+                "POST /orders HTTP/1.1\r\nhost: shop\r\nauthorization: Bearer tester\r\ncontent-type: application/json\r\nidempotency-key: {}\r\ncontent-length: {}\r\n\r\n{body}",
                 key(k),
                 body.len()
             );

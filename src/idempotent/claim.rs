@@ -1,0 +1,121 @@
+//! Claim: taking the key, waiting out a duplicate in flight, and never leaving a ghost.
+//!
+//! The hazard this module exists for: a claim call whose reply the gateway never sees. Redis
+//! may apply the claim and the reply arrive after the store timeout, or the client may hang up
+//! while the call is on the wire (dropping the handler's future). Forgotten, such a *ghost*
+//! claim blocks every retry for a whole lease (409s), and under fail-open it would later be
+//! taken over while the forwarded request ran: a second execution.
+//!
+//! So the owner token is made before the call, and a claim whose outcome is unknown is
+//! released by that owner in the background (owner-checked, so a claim that was never made,
+//! or that is someone else's, is left alone), with a bounded number of retries. The fail-open
+//! path instead settles under the same token (see `handle`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::fingerprint::Fingerprint;
+use super::policy::IdempotencyPolicy;
+use crate::gateway::Gateway;
+use crate::metrics::ReleaseReason;
+use crate::route::Route;
+use crate::store::{Backend, Claim, OwnerToken, RecordKey, Sent, Settled, Store, StoreError, Watch};
+use tokio_util::task::TaskTracker;
+
+/// How often, and how far apart, a ghost release is tried before it is left to the lease.
+const GHOST_TRIES: u32 = 5;
+const GHOST_BACKOFF: Duration = Duration::from_millis(200);
+
+/// Claims the key; while another request holds it, waits up to the route's `wait` for it to
+/// settle. The wait sleeps on a [`Watch`] (woken when the holder settles or releases, or when
+/// its lease runs out and the key can be taken over), never in a polling loop, and holds no
+/// store connection while asleep.
+pub async fn settled(
+    gw: &Gateway,
+    record: &RecordKey,
+    fingerprint: &Fingerprint,
+    owner: OwnerToken,
+    policy: &IdempotencyPolicy,
+) -> Result<Claim, StoreError> {
+    let store = &*gw.store;
+    let claim_once = || async {
+        // Armed while the call is on the wire: if this future is dropped there, the claim
+        // (which Redis may have applied) is released in the background.
+        let mut guard = Ghost { store: &gw.store, tracker: &gw.exchanges, record, owner, policy, armed: true };
+        let claim = store.claim(record, fingerprint, owner, policy.lease, policy.in_progress_ttl()).await;
+        guard.armed = false;
+        claim
+    };
+    let deadline = Instant::now() + policy.wait;
+    let mut claim = claim_once().await?;
+    // The watch that was registered before `claim` was read: only then is sleeping on it safe,
+    // since a settle between the read and a later registration would never wake us.
+    let mut watch: Option<Watch> = None;
+    loop {
+        let Claim::InFlight { lease_left } = claim else {
+            return Ok(claim);
+        };
+        let now = Instant::now();
+        if now >= deadline {
+            return Ok(claim);
+        }
+        if let Some(watch) = watch.take() {
+            watch.changed(deadline.min(now + lease_left)).await;
+        }
+        watch = Some(store.watch(record));
+        claim = claim_once().await?;
+    }
+}
+
+/// Releases, in the background, the claim `owner` may hold on `record` after a claim call
+/// failed without a reply.
+pub fn release_ghost(gw: &Gateway, route: &Route, record: &RecordKey, owner: OwnerToken, policy: &IdempotencyPolicy) {
+    route.metrics.released(ReleaseReason::Ghost);
+    spawn_release(&gw.store, &gw.exchanges, record.clone(), owner, policy.in_progress_ttl());
+}
+
+fn spawn_release(store: &Arc<Backend>, tracker: &TaskTracker, record: RecordKey, owner: OwnerToken, ttl: Duration) {
+    // Without a runtime (the process is exiting) the claim is left to its lease.
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+    let store = Arc::clone(store);
+    tracker.spawn_on(
+        async move {
+            for attempt in 1..=GHOST_TRIES {
+                match store.release(&record, owner, Sent::No, ttl).await {
+                    Ok(Settled::Done) => {
+                        tracing::info!(key = record.short(), "released a claim whose reply was lost");
+                        return;
+                    }
+                    // Never made, or no longer ours: nothing to release.
+                    Ok(Settled::Lost) => return,
+                    Err(e) if attempt == GHOST_TRIES => {
+                        tracing::warn!(key = record.short(), error = %e, "cannot release a claim whose reply was lost; it expires with its lease");
+                    }
+                    Err(_) => tokio::time::sleep(GHOST_BACKOFF * attempt).await,
+                }
+            }
+        },
+        &runtime,
+    );
+}
+
+/// A claim call in flight; dropped while armed (its future was dropped mid-call), it releases
+/// the claim that call may have made. Disarmed once the reply is in.
+struct Ghost<'a> {
+    store: &'a Arc<Backend>,
+    tracker: &'a TaskTracker,
+    record: &'a RecordKey,
+    owner: OwnerToken,
+    policy: &'a IdempotencyPolicy,
+    armed: bool,
+}
+
+impl Drop for Ghost<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            spawn_release(self.store, self.tracker, self.record.clone(), self.owner, self.policy.in_progress_ttl());
+        }
+    }
+}

@@ -1,0 +1,364 @@
+//! The guarantee at its edges: "a retry never runs twice, and never sees another caller's
+//! answer", where it is easiest to break. Each test drives the gateway (in process, on a
+//! private `redis-server`) against a real upstream over TCP and asserts on what reached the
+//! upstream: an upstream that executes then drops the connection or sends half a body, every
+//! spelling of a path, scopes from cookies and from several headers, a `Connection` header
+//! that would strip what the route needs, Redis replies delayed past the store timeout (a TCP
+//! proxy between the gateway and Redis), a lease lost mid-request, and a failover.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use http::Method;
+use support::client::{Client, DEFAULT_AUTH, Reply};
+use support::gateway::{StoreKind, TestGateway, config};
+use support::proxy::TcpProxy;
+use support::raw_upstream::{Misbehaviour, RawUpstream};
+use support::redis::RedisServer;
+use support::upstream::{Behavior, TestUpstream};
+
+const ORDER: &str = r#"{"sku":"A-1","quantity":2}"#;
+
+fn redis() -> StoreKind {
+    StoreKind::Redis(RedisServer::shared().url())
+}
+
+async fn gateway(upstream: std::net::SocketAddr, policy: &str) -> TestGateway {
+    TestGateway::start(&config(&redis(), upstream, policy)).await
+}
+
+async fn post(client: &Client, path: &str, key: &str, headers: &[(&str, &str)]) -> Reply {
+    let mut all = vec![("content-type", "application/json"), ("idempotency-key", key)];
+    all.extend_from_slice(headers);
+    client.send(Method::POST, path, &all, ORDER).await
+}
+
+// ---- unknown outcomes --------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_that_executes_then_drops_the_connection_is_never_run_again() {
+    let upstream = RawUpstream::start(Misbehaviour::CloseAfterRequest).await;
+    let gw = gateway(upstream.addr, "").await;
+    let client = gw.client();
+    let first = client.post_json("/orders", Some("dropped"), ORDER).await;
+    assert_eq!((first.status.as_u16(), first.problem().as_str()), (502, "outcome-unknown"));
+    upstream.set(Misbehaviour::Answer);
+    for _ in 0..3 {
+        let retry = client.post_json("/orders", Some("dropped"), ORDER).await;
+        assert_eq!((retry.status.as_u16(), retry.problem().as_str()), (502, "outcome-unknown"));
+    }
+    assert_eq!(upstream.executions(), 1, "the retry did not run the request again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_that_sends_half_a_body_is_never_run_again() {
+    let upstream = RawUpstream::start(Misbehaviour::HalfBody).await;
+    let gw = gateway(upstream.addr, "").await;
+    let client = gw.client();
+    let first = client.post_json("/orders", Some("half"), ORDER).await;
+    assert_eq!((first.status.as_u16(), first.problem().as_str()), (502, "outcome-unknown"));
+    upstream.set(Misbehaviour::Answer);
+    let retry = client.post_json("/orders", Some("half"), ORDER).await;
+    assert_eq!(retry.problem(), "outcome-unknown");
+    assert_eq!(upstream.executions(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_outcome_is_released_by_an_operator_and_then_runs_as_attempt_two() {
+    let upstream = RawUpstream::start(Misbehaviour::CloseAfterRequest).await;
+    let gw = gateway(upstream.addr, "").await;
+    let client = gw.client();
+    client.post_json("/orders", Some("reconcile"), ORDER).await;
+    let admin = gw.admin_client();
+    let auth = [("authorization", "Bearer test-admin-token-0123456789")];
+    let path = "/keys?route=orders&key=reconcile&scope=Bearer%20tester";
+    assert_eq!(admin.get(path, &auth).await.json()["state"], "unknown");
+    let released = admin.send(Method::DELETE, path, &auth, "").await;
+    assert_eq!(released.json()["was"], "unknown");
+    upstream.set(Misbehaviour::Answer);
+    let after = client.post_json("/orders", Some("reconcile"), ORDER).await;
+    assert_eq!(after.status, 201);
+    assert_eq!(upstream.header_values("idempotency-attempt"), [Some("1".into()), Some("2".into())]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_route_lets_an_upstream_that_deduplicates_see_the_retry() {
+    let upstream = RawUpstream::start(Misbehaviour::CloseAfterRequest).await;
+    let gw = gateway(upstream.addr, r#"on_unknown_outcome = "release""#).await;
+    let client = gw.client();
+    let first = client.post_json("/orders", Some("dedup"), ORDER).await;
+    assert_eq!((first.status.as_u16(), first.problem().as_str()), (502, "upstream-unavailable"));
+    upstream.set(Misbehaviour::Answer);
+    let retry = client.post_json("/orders", Some("dedup"), ORDER).await;
+    assert_eq!(retry.status, 201);
+    assert_eq!(upstream.header_values("idempotency-attempt"), [Some("1".into()), Some("2".into())]);
+    assert_eq!(upstream.header_values("idempotency-key"), [Some("dedup".into()), Some("dedup".into())]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_connection_was_not_sent_and_gives_its_attempt_back() {
+    // Nothing listens on this port: bound, then closed.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let gw = gateway(closed, "").await;
+    let r = gw.client().post_json("/orders", Some("refused"), ORDER).await;
+    assert_eq!((r.status.as_u16(), r.problem().as_str()), (502, "upstream-unavailable"));
+    // The attempt never left: the key is as if never claimed.
+    let auth = [("authorization", "Bearer test-admin-token-0123456789")];
+    let state = gw.admin_client().get("/keys?route=orders&key=refused&scope=Bearer%20tester", &auth).await;
+    assert_eq!((state.status.as_u16(), state.json()["state"].clone()), (404, "absent".into()));
+    let metrics = String::from_utf8(gw.admin_client().get("/metrics", &[]).await.body.to_vec()).unwrap();
+    assert!(metrics.contains(r#"idemgate_released_total{route="orders",reason="not_sent"} 1"#), "{metrics}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_attempt_header_can_be_renamed_or_turned_off() {
+    let upstream = TestUpstream::start().await;
+    let gw = gateway(upstream.addr, r#"attempt_header = "X-Execution-Attempt""#).await;
+    gw.client().post_json("/orders", Some("a"), ORDER).await;
+    let seen = &upstream.seen()[0].headers;
+    assert_eq!(seen["x-execution-attempt"], "1");
+    assert!(seen.get("idempotency-attempt").is_none());
+
+    let upstream = TestUpstream::start().await;
+    let gw = gateway(upstream.addr, r#"attempt_header = """#).await;
+    gw.client().post_json("/orders", Some("a"), ORDER).await;
+    assert!(upstream.seen()[0].headers.get("idempotency-attempt").is_none());
+}
+
+// ---- path spellings ------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_spelling_of_an_idempotent_path_reaches_its_route() {
+    let upstream = TestUpstream::start().await;
+    let gw = gateway(upstream.addr, "").await;
+    let client = gw.client();
+    let first = client.post_json("/orders", Some("spelled"), ORDER).await;
+    assert_eq!(first.status, 201);
+    for spelling in ["/orders/", "//orders", "/./orders", "/x/../orders", "/%6frders", "/%6Frders/"] {
+        let r = client.post_json(spelling, Some("spelled"), ORDER).await;
+        assert!(r.is_replay(), "{spelling} is /orders: {r:?}");
+        assert_eq!(r.body, first.body, "{spelling}");
+    }
+    assert_eq!(upstream.executions(), 1, "no spelling ran the request again");
+    // A new key under another spelling runs, and the upstream sees the normal path.
+    let r = client.post_json("//x/../orders", Some("fresh"), ORDER).await;
+    assert_eq!(r.status, 201);
+    assert_eq!(upstream.seen()[1].path, "/orders");
+    assert_eq!(upstream.executions(), 2);
+}
+
+// ---- scope ---------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn users_authenticated_by_cookie_never_share_records() {
+    let upstream = TestUpstream::start().await;
+    let gw = gateway(upstream.addr, r#"scope = "cookie:session""#).await;
+    let client = gw.client();
+    let alice = post(&client, "/orders", "1", &[("cookie", "theme=dark; session=alice")]).await;
+    let bob = post(&client, "/orders", "1", &[("cookie", "session=bob")]).await;
+    assert_eq!((alice.status.as_u16(), bob.status.as_u16()), (201, 201));
+    assert!(!bob.is_replay(), "bob never gets alice's order");
+    let again = post(&client, "/orders", "1", &[("cookie", "session=alice; theme=light")]).await;
+    assert!(again.is_replay() && again.body == alice.body);
+    // No session cookie (an Authorization header does not count here): refused, not pooled.
+    let none = post(&client, "/orders", "1", &[("authorization", DEFAULT_AUTH)]).await;
+    assert_eq!((none.status.as_u16(), none.problem().as_str()), (400, "scope-missing"));
+    assert_eq!(upstream.executions(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scope_of_several_headers_needs_all_of_them() {
+    let upstream = TestUpstream::start().await;
+    let gw = gateway(upstream.addr, r#"scope = ["header:Authorization", "header:Stripe-Account"]"#).await;
+    let client = gw.client();
+    let a1 = post(&client, "/orders", "k", &[("authorization", "Bearer platform"), ("stripe-account", "acct_1")]).await;
+    let a2 = post(&client, "/orders", "k", &[("authorization", "Bearer platform"), ("stripe-account", "acct_2")]).await;
+    assert!(!a2.is_replay(), "another connected account is another caller");
+    let again =
+        post(&client, "/orders", "k", &[("authorization", "bearer platform"), ("stripe-account", " acct_1 ")]).await;
+    assert!(again.is_replay() && again.body == a1.body, "scheme case and whitespace are normalised");
+    let missing = post(&client, "/orders", "k", &[("authorization", "Bearer platform")]).await;
+    assert_eq!(missing.problem(), "scope-missing");
+    assert!(missing.json()["detail"].as_str().unwrap().contains("header:stripe-account"));
+    assert_eq!(upstream.executions(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_anonymous_route_pools_callers_without_a_scope_on_purpose() {
+    let upstream = TestUpstream::start().await;
+    let gw = gateway(upstream.addr, r#"on_missing_scope = "anonymous""#).await;
+    let client = gw.client();
+    let first = client.post_json_as("/orders", Some("anon"), None, ORDER).await;
+    let second = client.post_json_as("/orders", Some("anon"), None, ORDER).await;
+    assert_eq!(first.status, 201);
+    assert!(second.is_replay());
+    let caller = client.post_json_as("/orders", Some("anon"), Some("Bearer x"), ORDER).await;
+    assert!(!caller.is_replay(), "a caller with a credential is not the anonymous one");
+    assert_eq!(upstream.executions(), 2);
+}
+
+// ---- Connection ----------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_header_naming_what_the_route_needs_is_refused() {
+    let upstream = TestUpstream::start().await;
+    let gw = gateway(upstream.addr, "").await;
+    let client = gw.client();
+    for connection in ["Idempotency-Key", "close, Authorization", "content-type", "Content-Length", "host"] {
+        let r = post(&client, "/orders", "conn", &[("authorization", DEFAULT_AUTH), ("connection", connection)]).await;
+        assert_eq!((r.status.as_u16(), r.problem().as_str()), (400, "connection-header"), "{connection}");
+    }
+    assert_eq!(upstream.executions(), 0, "nothing reached the upstream stripped");
+    let fine = post(&client, "/orders", "conn", &[("authorization", DEFAULT_AUTH), ("connection", "keep-alive")]).await;
+    assert_eq!(fine.status, 201);
+    assert_eq!(upstream.seen()[0].headers["idempotency-key"], "conn", "the key reaches the upstream");
+}
+
+// ---- ghost claims --------------------------------------------------------------------------
+
+/// A gateway whose Redis connection goes through `proxy`, store timeout 500ms.
+async fn behind_proxy(proxy: &TcpProxy, upstream: std::net::SocketAddr, policy: &str) -> TestGateway {
+    TestGateway::start(&config(&StoreKind::Redis(proxy.url()), upstream, policy)).await
+}
+
+/// Waits until requests get through the proxy again (the gateway has connected).
+async fn warm_up(client: &Client) {
+    let r = client.post_json("/orders", Some("warm-up"), ORDER).await;
+    assert_eq!(r.status, 201, "{r:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_whose_reply_arrives_too_late_is_released_for_the_retry() {
+    let redis = RedisServer::shared();
+    let proxy = TcpProxy::start(redis.addr()).await;
+    let upstream = TestUpstream::start().await;
+    let gw = behind_proxy(&proxy, upstream.addr, "").await;
+    let client = gw.client();
+    warm_up(&client).await;
+
+    // Redis applies the claim; its reply reaches the gateway after the 500ms store timeout.
+    proxy.slow_replies(Duration::from_millis(300), Duration::from_millis(800));
+    let r = client.post_json("/orders", Some("ghost"), ORDER).await;
+    assert_eq!((r.status.as_u16(), r.problem().as_str()), (503, "store-unavailable"));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    // The retry is not held up for a whole lease (10s) by the forgotten claim.
+    let started = Instant::now();
+    let retry = client.post_json("/orders", Some("ghost"), ORDER).await;
+    assert_eq!(retry.status, 201, "{retry:?}");
+    assert!(started.elapsed() < Duration::from_secs(2), "took {:?}", started.elapsed());
+    assert_eq!(upstream.executions_by_key()["ghost"], 1);
+    assert_eq!(upstream.seen().last().unwrap().headers["idempotency-attempt"], "1", "the ghost used no attempt");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_gone_mid_claim_leaves_no_ghost() {
+    let redis = RedisServer::shared();
+    let proxy = TcpProxy::start(redis.addr()).await;
+    let upstream = TestUpstream::start().await;
+    let gw = behind_proxy(&proxy, upstream.addr, "").await;
+    let client = gw.client();
+    warm_up(&client).await;
+
+    // The claim is on the wire (its reply held 800ms) when the client hangs up.
+    proxy.slow_replies(Duration::from_millis(300), Duration::from_millis(800));
+    let c = client.clone();
+    let gone = tokio::spawn(async move { c.post_json("/orders", Some("gone-mid-claim"), ORDER).await });
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    gone.abort();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    let started = Instant::now();
+    let retry = client.post_json("/orders", Some("gone-mid-claim"), ORDER).await;
+    assert_eq!(retry.status, 201, "{retry:?}");
+    assert!(started.elapsed() < Duration::from_secs(2), "took {:?}", started.elapsed());
+    assert_eq!(upstream.executions_by_key()["gone-mid-claim"], 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_open_never_runs_a_request_twice_through_a_ghost_claim() {
+    let redis = RedisServer::shared();
+    let proxy = TcpProxy::start(redis.addr()).await;
+    let upstream = TestUpstream::start().await;
+    // A short lease, so that a forgotten claim would be taken over within the test.
+    let gw = behind_proxy(&proxy, upstream.addr, r#"lease = "1s""#).await;
+    let client = gw.client();
+    warm_up(&client).await;
+
+    proxy.slow_replies(Duration::from_millis(300), Duration::from_millis(800));
+    let first = client.post_json("/open-orders", Some("open"), ORDER).await;
+    assert_eq!(first.status, 201);
+    assert_eq!(first.header("idempotency-status"), Some("bypassed"));
+    // Past the lease: a forgotten claim would now be taken over and the request run again.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let retry = client.post_json("/open-orders", Some("open"), ORDER).await;
+    assert_eq!(retry.status, 201);
+    assert!(retry.is_replay(), "the forwarded request settled the claim it made: {retry:?}");
+    assert_eq!(retry.body, first.body);
+    assert_eq!(upstream.executions_by_key()["open"], 1, "never a second execution");
+}
+
+// ---- lease loss ----------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_lost_mid_request_is_said_on_the_first_response() {
+    let upstream = TestUpstream::with(Behavior { delay: Duration::from_millis(900), ..Behavior::default() }).await;
+    let gw = gateway(upstream.addr, "lease = \"300ms\"\nrenew = false\nwait = \"0s\"").await;
+    let client = gw.client();
+    let c = client.clone();
+    let first = tokio::spawn(async move { c.post_json("/orders", Some("lost"), ORDER).await });
+    // After the first lease passed, a retry takes the key over (and runs: the lease was too
+    // short for this upstream, which `idemgate check` warns about).
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    let second = client.post_json("/orders", Some("lost"), ORDER).await;
+    let first = first.await.unwrap();
+    assert_eq!(first.status, 201);
+    assert_eq!(first.header("idempotency-status"), Some("lease-lost"));
+    assert_eq!(second.header("idempotency-status"), None);
+    let seen = upstream.seen();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[1].headers["idempotency-attempt"], "2", "the upstream can refuse the re-run");
+    let metrics = String::from_utf8(gw.admin_client().get("/metrics", &[]).await.body.to_vec()).unwrap();
+    assert!(metrics.contains(r#"idemgate_lease_lost_total{route="orders"} 1"#), "{metrics}");
+}
+
+// ---- data loss -----------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_that_keeps_the_epoch_marker_is_still_detected() {
+    // The primary, a replica of it, and the gateway behind a proxy that follows the failover.
+    let primary = RedisServer::start();
+    let replica = RedisServer::start();
+    replica.replicate(&primary);
+    let proxy = TcpProxy::start(primary.addr()).await;
+    let upstream = TestUpstream::start().await;
+    let gw = behind_proxy(&proxy, upstream.addr, "").await;
+    let client = gw.client();
+    warm_up(&client).await;
+    let admin = gw.admin_client();
+    let data_loss = || async {
+        let text = String::from_utf8(admin.get("/metrics", &[]).await.body.to_vec()).unwrap();
+        text.lines().find(|l| l.starts_with("idemgate_store_data_loss_total")).map(str::to_owned)
+    };
+    // The gateway has seen the primary (and written its epoch marker, now on the replica too).
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(data_loss().await.as_deref(), Some("idemgate_store_data_loss_total 0"));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while replica.dbsize() < 2 {
+        assert!(Instant::now() < deadline, "the replica never caught up");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    replica.promote();
+    proxy.retarget(replica.addr());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while data_loss().await.as_deref() != Some("idemgate_store_data_loss_total 1") {
+        assert!(Instant::now() < deadline, "failover not detected: {:?}", data_loss().await);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The replica had the records: the retry still replays.
+    let retry = client.post_json("/orders", Some("warm-up"), ORDER).await;
+    assert!(retry.is_replay());
+    assert_eq!(upstream.executions(), 1);
+}

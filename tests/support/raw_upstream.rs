@@ -1,0 +1,114 @@
+//! An upstream that executes each request and then fails to answer it properly, over raw TCP:
+//! the cases where the gateway cannot know whether the upstream acted.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// How the upstream fails after it has read (and "executed") a request.
+#[derive(Debug, Clone, Copy)]
+pub enum Misbehaviour {
+    /// Closes the connection without a byte of response.
+    CloseAfterRequest,
+    /// Sends a head with `content-length: 100`, ten bytes of body, and closes.
+    HalfBody,
+    /// Answers properly (201), so that a retry that gets through can be told apart.
+    Answer,
+}
+
+pub struct RawUpstream {
+    pub addr: SocketAddr,
+    /// The head of every request executed, in order.
+    heads: Arc<Mutex<Vec<String>>>,
+    mode: Arc<Mutex<Misbehaviour>>,
+}
+
+impl RawUpstream {
+    pub async fn start(mode: Misbehaviour) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let heads = Arc::new(Mutex::new(Vec::new()));
+        let mode = Arc::new(Mutex::new(mode));
+        let (h, m) = (Arc::clone(&heads), Arc::clone(&mode));
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                tokio::spawn(serve(stream, Arc::clone(&h), Arc::clone(&m)));
+            }
+        });
+        Self { addr, heads, mode }
+    }
+
+    pub fn set(&self, mode: Misbehaviour) {
+        *self.mode.lock().unwrap() = mode;
+    }
+
+    pub fn executions(&self) -> usize {
+        self.heads.lock().unwrap().len()
+    }
+
+    /// The value of `name` in each executed request (lower-case name), `None` where absent.
+    pub fn header_values(&self, name: &str) -> Vec<Option<String>> {
+        self.heads
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|head| {
+                head.lines().find_map(|line| {
+                    let (k, v) = line.split_once(':')?;
+                    k.trim().eq_ignore_ascii_case(name).then(|| v.trim().to_owned())
+                })
+            })
+            .collect()
+    }
+}
+
+async fn serve(mut stream: TcpStream, heads: Arc<Mutex<Vec<String>>>, mode: Arc<Mutex<Misbehaviour>>) {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    // Keep-alive: one request after another until the gateway or this upstream closes.
+    loop {
+        let head_end = loop {
+            if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        };
+        let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+        let length: usize = head
+            .lines()
+            .find_map(|l| l.split_once(':').filter(|(k, _)| k.trim().eq_ignore_ascii_case("content-length")))
+            .and_then(|(_, v)| v.trim().parse().ok())
+            .unwrap_or(0);
+        while buf.len() < head_end + length {
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+        buf.drain(..head_end + length);
+        heads.lock().unwrap().push(head);
+        let mode = *mode.lock().unwrap();
+        match mode {
+            Misbehaviour::CloseAfterRequest => return,
+            Misbehaviour::HalfBody => {
+                let _ = stream.write_all(b"HTTP/1.1 201 Created\r\ncontent-length: 100\r\n\r\n0123456789").await;
+                return;
+            }
+            Misbehaviour::Answer => {
+                let body = b"{\"created\":true}";
+                let reply = format!(
+                    "HTTP/1.1 201 Created\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                    body.len()
+                );
+                if stream.write_all(reply.as_bytes()).await.is_err() || stream.write_all(body).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
