@@ -72,7 +72,7 @@ pub enum GatewayError {
         /// The status the first request was answered with.
         status: StatusCode,
     },
-    /// Shutdown abandoned the exchange before the upstream answered; its key was released.
+    /// Shutdown abandoned the exchange before the upstream answered; its outcome is unknown.
     #[error("the gateway shut down before the upstream answered")]
     ShuttingDown,
     /// A bug: an exchange task panicked.

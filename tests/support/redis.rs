@@ -16,6 +16,9 @@ use super::process::spawn_tied;
 pub struct RedisServer {
     pub port: u16,
     child: Mutex<Option<Child>>,
+    /// Its working directory: a replica's full sync writes an RDB file there, and a server
+    /// started in a directory holding one would load it.
+    dir: tempfile::TempDir,
 }
 
 impl RedisServer {
@@ -28,7 +31,8 @@ impl RedisServer {
     /// A server of the test's own (for tests that stop it).
     pub fn start() -> RedisServer {
         for _ in 0..10 {
-            let server = RedisServer { port: free_port(), child: Mutex::new(None) };
+            let dir = tempfile::tempdir().expect("a temporary directory for redis-server");
+            let server = RedisServer { port: free_port(), child: Mutex::new(None), dir };
             if server.launch() {
                 return server;
             }
@@ -63,6 +67,8 @@ impl RedisServer {
     fn launch(&self) -> bool {
         let mut cmd = Command::new("redis-server");
         cmd.args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
             .args(["--protected-mode", "no", "--loglevel", "warning"])
             .stdout(Stdio::null())
             .stderr(Stdio::null());
