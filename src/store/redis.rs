@@ -105,10 +105,12 @@ impl Connections {
     fn new(client: &redis::Client, count: usize, timeout: Duration) -> Result<Self, StoreError> {
         // A broken connection is re-established on the next call; retries inside one call are
         // few and short so that an unreachable Redis surfaces as an error within the timeout
-        // (and the route's on_store_error applies) instead of a long hang.
+        // (and the route's on_store_error applies) instead of a long hang. The deadline of a
+        // call is set once, by `query`; the connection timeout here bounds a reconnection,
+        // which also runs outside any call.
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(timeout))
-            .set_response_timeout(Some(timeout))
+            .set_response_timeout(None)
             .set_number_of_retries(1)
             .set_min_delay(Duration::from_millis(20))
             .set_max_delay(timeout);
@@ -432,7 +434,9 @@ async fn watch_epoch(conn: ConnectionManager, marker: String, data_loss: Counter
         // A fresh candidate each time: a marker re-created by this same gateway after a loss
         // must differ from the one it knew.
         let candidate = hex::encode(rand::random::<[u8; 16]>());
-        match observe(conn.clone(), &marker, &candidate).await {
+        // Bounded here: connections carry no deadline of their own (calls set theirs).
+        let observed = tokio::time::timeout(EPOCH_CHECK, observe(conn.clone(), &marker, &candidate)).await;
+        match observed.unwrap_or(Err(StoreError::Timeout(EPOCH_CHECK))) {
             Ok(current) => {
                 if let Some(previous) = known.as_ref() {
                     report_change(previous, &current, &data_loss);
@@ -497,6 +501,9 @@ fn info_field(info: &str, name: &str) -> String {
         .to_owned()
 }
 
+/// How long one script load may take at startup before it is tried again.
+const SCRIPT_LOAD_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// Loads every script once Redis answers, so that the first calls after a start do not begin
 /// with a NOSCRIPT round trip. (After a Redis restart, NOSCRIPT handling in `query` reloads.)
 async fn load_scripts(connections: Connections, scripts: Arc<Scripts>) {
@@ -505,7 +512,8 @@ async fn load_scripts(connections: Connections, scripts: Arc<Scripts>) {
         let mut conn = connections.pick();
         let mut loaded = true;
         for script in scripts.all() {
-            loaded &= script.load_async(&mut conn).await.is_ok();
+            let load = tokio::time::timeout(SCRIPT_LOAD_TIMEOUT, script.load_async(&mut conn)).await;
+            loaded &= matches!(load, Ok(Ok(_)));
         }
         if loaded {
             return;
