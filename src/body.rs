@@ -42,10 +42,23 @@ pub enum BodyError {
     /// The client's connection failed mid-body.
     #[error("cannot read request body: {0}")]
     Read(BoxError),
+    /// The whole body did not arrive in time (a stalled or trickling client).
+    #[error("request body not received within {limit:?}")]
+    Timeout {
+        /// The deadline.
+        limit: std::time::Duration,
+    },
 }
 
-/// Reads a whole request body of at most `limit` bytes.
-pub async fn read_bounded<B>(headers: &HeaderMap, body: B, limit: usize) -> Result<Bytes, BodyError>
+/// Reads a whole request body of at most `limit` bytes, all of it within `deadline`: a slow
+/// body must not hold a connection (and, on an idempotent route, delay everything after it)
+/// for as long as the client likes.
+pub async fn read_bounded<B>(
+    headers: &HeaderMap,
+    body: B,
+    limit: usize,
+    deadline: std::time::Duration,
+) -> Result<Bytes, BodyError>
 where
     B: http_body::Body<Data = Bytes>,
     B::Error: Into<BoxError>,
@@ -55,10 +68,12 @@ where
     if declared.is_some_and(|n| n > limit as u64) {
         return Err(BodyError::TooLarge { limit });
     }
-    match Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(BodyError::TooLarge { limit }),
-        Err(e) => Err(BodyError::Read(e)),
+    let read = tokio::time::timeout(deadline, Limited::new(body, limit).collect());
+    match read.await {
+        Err(_) => Err(BodyError::Timeout { limit: deadline }),
+        Ok(Ok(collected)) => Ok(collected.to_bytes()),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => Err(BodyError::TooLarge { limit }),
+        Ok(Err(e)) => Err(BodyError::Read(e)),
     }
 }
 
@@ -67,6 +82,8 @@ mod tests {
     use super::*;
     use http_body_util::StreamBody;
     use hyper::body::Frame;
+
+    const SECOND: std::time::Duration = std::time::Duration::from_secs(1);
 
     fn chunked(chunks: &[&'static [u8]]) -> impl http_body::Body<Data = Bytes, Error = BoxError> {
         let frames: Vec<Result<Frame<Bytes>, BoxError>> =
@@ -82,19 +99,19 @@ mod tests {
 
     #[tokio::test]
     async fn reads_bodies_up_to_the_limit() {
-        let b = read_bounded(&HeaderMap::new(), chunked(&[b"ab", b"cd"]), 4).await.unwrap();
+        let b = read_bounded(&HeaderMap::new(), chunked(&[b"ab", b"cd"]), 4, SECOND).await.unwrap();
         assert_eq!(&b[..], b"abcd");
     }
 
     #[tokio::test]
     async fn declared_length_over_the_limit_is_refused_unread() {
-        let err = read_bounded(&with_length(5), chunked(&[]), 4).await.unwrap_err();
+        let err = read_bounded(&with_length(5), chunked(&[]), 4, SECOND).await.unwrap_err();
         assert!(matches!(err, BodyError::TooLarge { limit: 4 }));
     }
 
     #[tokio::test]
     async fn streamed_bodies_are_cut_at_the_limit() {
-        let err = read_bounded(&HeaderMap::new(), chunked(&[b"abc", b"de"]), 4).await.unwrap_err();
+        let err = read_bounded(&HeaderMap::new(), chunked(&[b"abc", b"de"]), 4, SECOND).await.unwrap_err();
         assert!(matches!(err, BodyError::TooLarge { limit: 4 }));
     }
 }

@@ -44,6 +44,15 @@ pub enum GatewayError {
         /// The header named.
         header: String,
     },
+    /// An HTTP/1.1 request without exactly one Host header.
+    #[error("bad Host header")]
+    BadHost {
+        /// What is wrong with it.
+        detail: &'static str,
+    },
+    /// Too many upstream exchanges run at once (in all, or for this connection).
+    #[error("too many requests running upstream")]
+    Overloaded,
     /// The key was used before with a different request.
     #[error("idempotency key reused with a different request")]
     Mismatch,
@@ -100,6 +109,9 @@ impl GatewayError {
             Self::Body(BodyError::TooLarge { .. }) => "body-too-large",
             Self::Body(BodyError::Read(_)) => "body-unreadable",
             Self::Scope(_) => "scope-missing",
+            Self::BadHost { .. } => "bad-host",
+            Self::Overloaded => "overloaded",
+            Self::Body(BodyError::Timeout { .. }) => "body-timeout",
             Self::ConnectionHeader { .. } => "connection-header",
             Self::OutcomeUnknown { .. } => "outcome-unknown",
             Self::ResponseNotStored { .. } => "response-not-stored",
@@ -116,9 +128,13 @@ impl GatewayError {
     fn status(&self) -> StatusCode {
         match self {
             Self::NoRoute { .. } => StatusCode::NOT_FOUND,
-            Self::Key(_) | Self::Body(BodyError::Read(_)) | Self::Scope(_) | Self::ConnectionHeader { .. } => {
-                StatusCode::BAD_REQUEST
-            }
+            Self::Key(_)
+            | Self::Body(BodyError::Read(_))
+            | Self::Scope(_)
+            | Self::ConnectionHeader { .. }
+            | Self::BadHost { .. } => StatusCode::BAD_REQUEST,
+            Self::Body(BodyError::Timeout { .. }) => StatusCode::REQUEST_TIMEOUT,
+            Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             Self::OutcomeUnknown { timed_out: true } => StatusCode::GATEWAY_TIMEOUT,
             Self::OutcomeUnknown { timed_out: false } => StatusCode::BAD_GATEWAY,
             Self::ResponseNotStored { status } => *status,
@@ -141,6 +157,9 @@ impl GatewayError {
             Self::Body(BodyError::TooLarge { .. }) => "Request body too large",
             Self::Body(BodyError::Read(_)) => "Request body unreadable",
             Self::Scope(_) => "Idempotency scope missing",
+            Self::BadHost { .. } => "Bad Host header",
+            Self::Overloaded => "Gateway overloaded",
+            Self::Body(BodyError::Timeout { .. }) => "Request body too slow",
             Self::ConnectionHeader { .. } => "Connection header names a needed header",
             Self::OutcomeUnknown { .. } => "Outcome unknown",
             Self::ResponseNotStored { .. } => "Response not stored",
@@ -163,6 +182,14 @@ impl GatewayError {
                 format!("This route accepts request bodies of at most {limit} bytes.")
             }
             Self::Body(BodyError::Read(_)) => "The request body could not be read.".into(),
+            Self::Body(BodyError::Timeout { limit }) => format!(
+                "The request body did not arrive within {}s; nothing was claimed or forwarded.",
+                limit.as_secs_f64()
+            ),
+            Self::BadHost { detail } => format!("{detail} HTTP/1.1 requests carry exactly one."),
+            Self::Overloaded => "The gateway is running as many upstream requests as it allows; this one \
+                was not forwarded. Retry with the same key after Retry-After."
+                .into(),
             Self::Scope(e) => format!(
                 "{}. Idempotency keys are kept per caller, and this route takes the caller from \
                  that source; send it with the request.",
@@ -214,7 +241,7 @@ impl GatewayError {
     fn retry_after(&self) -> Option<Duration> {
         match self {
             Self::InFlight { retry_after } => Some(*retry_after),
-            Self::StoreUnavailable(_) | Self::ShuttingDown => Some(Duration::from_secs(1)),
+            Self::StoreUnavailable(_) | Self::ShuttingDown | Self::Overloaded => Some(Duration::from_secs(1)),
             _ => None,
         }
     }
@@ -244,6 +271,11 @@ pub fn respond(error: &GatewayError, problem_base: &str) -> Response<Body> {
         detail: error.detail(),
     };
     let mut response = problem_response(status, &problem);
+    if matches!(error, GatewayError::Body(BodyError::Timeout { .. })) {
+        // The rest of a body that was too slow may still arrive; the connection cannot be
+        // reused for another request, so it closes after this answer.
+        response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+    }
     if let Some(after) = error.retry_after() {
         // Whole seconds, rounded up, at least 1: "Retry-After: 0" invites a hot loop.
         let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);

@@ -11,18 +11,20 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::uri::PathAndQuery;
-use http::{Request, Response, Uri};
+use http::{Request, Response, Uri, Version};
 use hyper::body::Incoming;
 use thiserror::Error;
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::body::{self, Body};
 use crate::config::Config;
+use crate::connection::Connection;
 use crate::error::{self, GatewayError};
-use crate::headers::Peer;
 use crate::idempotent;
 use crate::metrics::{Metrics, Outcome};
 use crate::path;
@@ -68,9 +70,13 @@ pub struct Gateway {
     pub metrics: Arc<Metrics>,
     /// Detached upstream exchanges, so shutdown can wait for them.
     pub exchanges: TaskTracker,
-    /// Cancelled when the shutdown grace period is over: exchanges still running release
+    /// Cancelled when the shutdown grace period is over: exchanges still running settle
     /// their keys so that retries can proceed.
     pub abandon: CancellationToken,
+    /// One permit per upstream exchange running at once (`server.max_exchanges`).
+    pub exchange_slots: Arc<Semaphore>,
+    /// Deadline of an idempotent route's whole request body.
+    pub body_read_timeout: Duration,
 }
 
 impl Gateway {
@@ -114,6 +120,8 @@ impl Gateway {
             metrics,
             exchanges: TaskTracker::new(),
             abandon: CancellationToken::new(),
+            exchange_slots: Arc::new(Semaphore::new(config.server.limits.max_exchanges)),
+            body_read_timeout: config.server.limits.body_read_timeout,
         })
     }
 
@@ -122,8 +130,11 @@ impl Gateway {
         self.routes.iter().find(|r| r.name == name)
     }
 
-    /// Serves one request.
-    pub async fn handle(&self, mut request: Request<Incoming>, peer: &Peer) -> Response<Body> {
+    /// Serves one request that arrived on `connection`.
+    pub async fn handle(&self, mut request: Request<Incoming>, connection: &Arc<Connection>) -> Response<Body> {
+        if let Err(e) = check_host(&request) {
+            return error::respond(&e, &self.problem_base);
+        }
         normalize_path(&mut request);
         let Some(route) = self.router.find(request.method(), request.uri().path()) else {
             self.metrics.unmatched();
@@ -134,14 +145,14 @@ impl Gateway {
         let result = match &route.policy {
             None => {
                 let request = request.map(body::boxed);
-                proxy::forward(&route.upstream, request, peer)
+                proxy::forward(&route.upstream, request, &connection.peer)
                     .await
                     .map(|r| (Outcome::PassedThrough, r))
                     .map_err(Into::into)
             }
             // Boxed: the idempotent path's state is several times the pass-through's, and an
             // unboxed future would make every request (and every idle connection) carry it.
-            Some(policy) => Box::pin(idempotent::handle(self, route, policy, request, peer)).await,
+            Some(policy) => Box::pin(idempotent::handle(self, route, policy, request, connection)).await,
         };
         let (outcome, response) = match result {
             Ok(served) => served,
@@ -152,6 +163,20 @@ impl Gateway {
         };
         route.metrics.outcome(outcome);
         response
+    }
+}
+
+/// RFC 9112 §3.2: an HTTP/1.1 request without a Host header, or with more than one, is 400.
+/// The Host names the origin the client means; with none or two, a gateway and the upstream
+/// could each pick another.
+fn check_host<B>(request: &Request<B>) -> Result<(), GatewayError> {
+    if request.version() != Version::HTTP_11 {
+        return Ok(());
+    }
+    match request.headers().get_all(http::header::HOST).iter().count() {
+        1 => Ok(()),
+        0 => Err(GatewayError::BadHost { detail: "The request has no Host header." }),
+        _ => Err(GatewayError::BadHost { detail: "The request has more than one Host header." }),
     }
 }
 
@@ -180,7 +205,9 @@ fn outcome_of(e: &GatewayError) -> Outcome {
         | GatewayError::Body(_)
         | GatewayError::Scope(_)
         | GatewayError::ConnectionHeader { .. }
+        | GatewayError::BadHost { .. }
         | GatewayError::NoRoute { .. } => Outcome::Rejected,
+        GatewayError::Overloaded => Outcome::Overloaded,
         GatewayError::OutcomeUnknown { .. } => Outcome::OutcomeUnknown,
         GatewayError::ResponseNotStored { .. } => Outcome::Replayed,
         GatewayError::Mismatch => Outcome::Mismatch,
@@ -196,6 +223,7 @@ fn log_error(route: &Route, e: &GatewayError) {
         GatewayError::Upstream(_)
         | GatewayError::StoreUnavailable(_)
         | GatewayError::OutcomeUnknown { .. }
+        | GatewayError::Overloaded
         | GatewayError::ShuttingDown
         | GatewayError::Internal(_) => {
             tracing::warn!(route = %route.name, error = %e, "request failed");

@@ -5,9 +5,7 @@
 //! broken framing. Stored responses get a stricter filter still: a replay must never hand one
 //! client's session cookie or credential challenge to whoever retries.
 
-use std::net::{IpAddr, SocketAddr};
-
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderMap, HeaderName};
 
 /// Headers that are hop-by-hop whatever `Connection` says.
 const HOP_BY_HOP: [HeaderName; 9] = [
@@ -41,50 +39,6 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-/// The client at the other end of a connection, its `X-Forwarded-For` entry rendered once per
-/// connection rather than once per request.
-#[derive(Debug, Clone)]
-pub struct Peer {
-    ip: IpAddr,
-    rendered: HeaderValue,
-}
-
-impl Peer {
-    /// The peer of an accepted connection.
-    pub fn new(addr: SocketAddr) -> Self {
-        let ip = addr.ip();
-        // An IP address is always a valid header value; the fallback is unreachable.
-        let rendered = HeaderValue::from_str(&ip.to_string()).unwrap_or(HeaderValue::from_static("unknown"));
-        Self { ip, rendered }
-    }
-}
-
-/// What the upstream learns about the original request.
-pub struct Forwarded<'a> {
-    /// The client as this proxy saw it.
-    pub peer: &'a Peer,
-    /// `http`, as clients reach this listener in cleartext.
-    pub proto: &'static str,
-    /// The Host (or :authority) the client asked for.
-    pub host: Option<&'a HeaderValue>,
-}
-
-/// Appends the client to `X-Forwarded-For` and sets `X-Forwarded-Proto` and `-Host`.
-pub fn set_forwarded(headers: &mut HeaderMap, fwd: &Forwarded<'_>) {
-    const XFF: HeaderName = HeaderName::from_static("x-forwarded-for");
-    const XFP: HeaderName = HeaderName::from_static("x-forwarded-proto");
-    const XFH: HeaderName = HeaderName::from_static("x-forwarded-host");
-    let chained = match headers.get(&XFF).and_then(|v| v.to_str().ok()) {
-        Some(prior) if !prior.trim().is_empty() => HeaderValue::from_str(&format!("{prior}, {}", fwd.peer.ip)).ok(),
-        _ => None,
-    };
-    headers.insert(XFF, chained.unwrap_or_else(|| fwd.peer.rendered.clone()));
-    headers.insert(XFP, HeaderValue::from_static(fwd.proto));
-    if let Some(host) = fwd.host {
-        headers.insert(XFH, host.clone());
-    }
-}
-
 /// Response headers that are never stored for replay.
 const NEVER_STORED: [HeaderName; 2] = [header::SET_COOKIE, header::WWW_AUTHENTICATE];
 
@@ -103,6 +57,7 @@ pub fn storable(headers: &HeaderMap, exclude: &[HeaderName]) -> HeaderMap {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::HeaderValue;
 
     fn map(pairs: &[(&str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
@@ -127,23 +82,6 @@ mod tests {
         strip_hop_by_hop(&mut h);
         let left: Vec<_> = h.keys().map(|k| k.as_str()).collect();
         assert_eq!(left, ["idempotency-key", "content-type"]);
-    }
-
-    #[test]
-    fn forwarded_headers_append_to_an_existing_chain() {
-        let host = HeaderValue::from_static("shop.example");
-        let mut h = map(&[("x-forwarded-for", "203.0.113.9")]);
-        let peer = Peer::new("10.0.0.2:5000".parse().unwrap());
-        set_forwarded(&mut h, &Forwarded { peer: &peer, proto: "http", host: Some(&host) });
-        assert_eq!(h["x-forwarded-for"], "203.0.113.9, 10.0.0.2");
-        assert_eq!(h["x-forwarded-proto"], "http");
-        assert_eq!(h["x-forwarded-host"], "shop.example");
-
-        let mut fresh = HeaderMap::new();
-        let peer = Peer::new("[::1]:5000".parse().unwrap());
-        set_forwarded(&mut fresh, &Forwarded { peer: &peer, proto: "http", host: None });
-        assert_eq!(fresh["x-forwarded-for"], "::1");
-        assert!(fresh.get("x-forwarded-host").is_none());
     }
 
     #[test]

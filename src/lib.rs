@@ -24,7 +24,10 @@
 //!   - [`idempotent::replay`]: answering retries from the store;
 //!   - [`idempotent::policy`]: a route's `[routes.idempotency]`, parsed;
 //! - [`upstream`]: pooled http/https clients and request preparation;
-//! - [`headers`]: hop-by-hop stripping, X-Forwarded-*, what may be stored;
+//! - [`connection`]: one client connection's limits: idle and head deadlines, exchanges,
+//!   abandoned requests;
+//! - [`headers`]: hop-by-hop stripping, what may be stored and replayed;
+//! - [`forwarded`]: `Forwarded` / `X-Forwarded-*`, believed only from trusted proxies;
 //! - [`error`]: every error, mapped to problem+json in one place;
 //! - [`admin`]: health, readiness, metrics, key inspect/purge;
 //! - [`metrics`]: Prometheus counters;
@@ -33,7 +36,9 @@
 pub mod admin;
 pub mod body;
 pub mod config;
+pub mod connection;
 pub mod error;
+pub mod forwarded;
 pub mod gateway;
 pub mod headers;
 pub mod idempotent;

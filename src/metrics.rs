@@ -40,6 +40,8 @@ pub enum Outcome {
     StoreUnavailable,
     /// Store down, route fails open: forwarded without protection.
     Bypassed,
+    /// Too many exchanges running (503 overloaded); nothing forwarded.
+    Overloaded,
     /// Route without idempotency, or optional key absent.
     PassedThrough,
     /// Upstream unreachable, failed or timed out (502, 504).
@@ -60,6 +62,7 @@ impl Outcome {
             Self::Rejected => "rejected",
             Self::StoreUnavailable => "store_unavailable",
             Self::Bypassed => "bypassed",
+            Self::Overloaded => "overloaded",
             Self::PassedThrough => "passed_through",
             Self::UpstreamFailed => "upstream_failed",
             Self::Internal => "internal",
@@ -80,6 +83,7 @@ impl Label for Outcome {
         Self::PassedThrough,
         Self::UpstreamFailed,
         Self::Internal,
+        Self::Overloaded,
     ];
     fn index(self) -> usize {
         match self {
@@ -94,6 +98,7 @@ impl Label for Outcome {
             Self::PassedThrough => 8,
             Self::UpstreamFailed => 9,
             Self::Internal => 10,
+            Self::Overloaded => 11,
         }
     }
 }

@@ -7,7 +7,8 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 
 use crate::body::{self, Body};
-use crate::headers::{self, Peer};
+use crate::forwarded::Peer;
+use crate::headers;
 use crate::upstream::{Upstream, UpstreamError};
 
 /// Forwards `request` to `upstream` and relays the response.
@@ -25,9 +26,12 @@ pub async fn forward(
     Ok(relay(response))
 }
 
-/// The upstream's response as the client gets it: hop-by-hop headers removed.
+/// The upstream's response as the client gets it: hop-by-hop headers removed, and in the
+/// client's protocol version rather than the upstream's (an HTTP/1.0 upstream must not turn
+/// a client's keep-alive HTTP/1.1 connection into an HTTP/1.0 one).
 pub fn relay(response: Response<Incoming>) -> Response<Body> {
     let (mut parts, incoming) = response.into_parts();
     headers::strip_hop_by_hop(&mut parts.headers);
+    parts.version = http::Version::HTTP_11;
     Response::from_parts(parts, body::boxed(incoming))
 }

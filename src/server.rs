@@ -14,19 +14,23 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use http::{Request, Version};
+use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use thiserror::Error;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::admin::{self, Admin};
-use crate::config::Config;
+use crate::config::{Config, Limits};
+use crate::connection::{Connection, Expired, Watched};
+use crate::forwarded::{Peer, TrustedProxies};
 use crate::gateway::{Gateway, SetupError};
-use crate::headers::Peer;
 use crate::store::Store;
 
 /// After the grace period, how long connections get to deliver the answers of abandoned
@@ -55,6 +59,8 @@ pub struct Server {
     listener: TcpListener,
     admin: Option<(TcpListener, Admin)>,
     grace: Duration,
+    limits: Limits,
+    trusted: TrustedProxies,
 }
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
@@ -73,7 +79,14 @@ impl Server {
             }
             None => None,
         };
-        Ok(Self { gateway, listener, admin, grace: config.server.shutdown_grace })
+        Ok(Self {
+            gateway,
+            listener,
+            admin,
+            grace: config.server.shutdown_grace,
+            limits: config.server.limits.clone(),
+            trusted: config.server.trusted_proxies.clone(),
+        })
     }
 
     /// The proxy listener's address.
@@ -111,45 +124,53 @@ impl Server {
 
     /// Serves until `shutdown` completes, then drains (see the module docs).
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
-        let Self { gateway, listener, admin, grace } = self;
+        let Self { gateway, listener, admin, grace, limits, trusted } = self;
         let draining = CancellationToken::new();
         let admin_task = admin.map(|(l, a)| tokio::spawn(admin::serve(l, a, draining.clone())));
-        let connections = GracefulShutdown::new();
-        let builder = auto::Builder::new(TokioExecutor::new());
+        let connections = TaskTracker::new();
+        let builder = Arc::new(http_builder(&limits));
+        // One permit per connection: with none left, the loop stops accepting and new clients
+        // wait in the listen backlog instead of failing the connections already served.
+        let slots = Arc::new(Semaphore::new(limits.max_connections));
         tokio::pin!(shutdown);
         loop {
-            tokio::select! {
-                accepted = listener.accept() => match accepted {
-                    Ok((stream, peer)) => {
-                        let _ = stream.set_nodelay(true);
-                        let gw = Arc::clone(&gateway);
-                        let client = Arc::new(Peer::new(peer));
-                        let service = service_fn(move |request| {
-                            let (gw, client) = (Arc::clone(&gw), Arc::clone(&client));
-                            async move { Ok::<_, Infallible>(gw.handle(request, &client).await) }
-                        });
-                        let conn = builder.serve_connection(TokioIo::new(stream), service).into_owned();
-                        let conn = connections.watch(conn);
-                        tokio::spawn(async move {
-                            if let Err(e) = conn.await {
-                                tracing::debug!(%peer, error = %e, "connection ended with an error");
-                            }
-                        });
-                    }
-                    Err(e) => {
-                        // Out of file descriptors and the like: back off instead of spinning.
-                        tracing::warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                    }
+            let accepted = tokio::select! {
+                permit = Arc::clone(&slots).acquire_owned() => match permit {
+                    Ok(permit) => tokio::select! {
+                        accepted = listener.accept() => accepted.map(|a| (a, permit)),
+                        () = &mut shutdown => break,
+                    },
+                    // The semaphore is never closed.
+                    Err(_) => break,
                 },
                 () = &mut shutdown => break,
+            };
+            match accepted {
+                Ok(((stream, peer), permit)) => {
+                    let _ = stream.set_nodelay(true);
+                    let connection = Arc::new(Connection::new(Peer::new(peer, &trusted), limits.clone()));
+                    connections.spawn(serve_connection(
+                        stream,
+                        connection,
+                        Arc::clone(&gateway),
+                        Arc::clone(&builder),
+                        draining.clone(),
+                        permit,
+                    ));
+                }
+                Err(e) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
             }
         }
         drop(listener);
         draining.cancel();
         let deadline = Instant::now() + grace;
         tracing::info!(grace = ?grace, "shutting down: draining connections and exchanges");
-        let drain = connections.shutdown();
+        connections.close();
+        let drain = connections.wait();
         tokio::pin!(drain);
         let drained = tokio::time::timeout_at(deadline, &mut drain).await.is_ok();
         // Exchanges whose clients went away are not tied to a connection: wait for them too.
@@ -171,5 +192,79 @@ impl Server {
             task.abort();
         }
         tracing::info!("shutdown complete");
+    }
+}
+
+/// The HTTP/1.1 + h2c server settings that bound what a client may send.
+fn http_builder(limits: &Limits) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    // A head larger than the read buffer is answered 431 by hyper.
+    builder.http1().timer(TokioTimer::new()).max_buf_size(limits.max_header_bytes);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
+        .max_concurrent_streams(u32::try_from(limits.max_exchanges_per_connection.max(100)).unwrap_or(u32::MAX))
+        .keep_alive_interval(limits.h2_keepalive_interval)
+        .keep_alive_timeout(limits.h2_keepalive_interval.unwrap_or(Duration::from_secs(20)));
+    builder
+}
+
+/// Serves one connection until it ends, its deadline passes (see [`Connection`]), it asks to
+/// close, or the server drains.
+async fn serve_connection(
+    stream: TcpStream,
+    connection: Arc<Connection>,
+    gateway: Arc<Gateway>,
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    draining: CancellationToken,
+    _slot: OwnedSemaphorePermit,
+) {
+    let c = Arc::clone(&connection);
+    let service = service_fn(move |request: Request<Incoming>| {
+        let (gw, c) = (Arc::clone(&gateway), Arc::clone(&c));
+        async move {
+            let guard = c.request(request.version() == Version::HTTP_2);
+            let response = gw.handle(request, &c).await;
+            guard.answered();
+            Ok::<_, Infallible>(response)
+        }
+    });
+    let io = TokioIo::new(Watched::new(stream, Arc::clone(&connection)));
+    let conn = builder.serve_connection_with_upgrades(io, service);
+    tokio::pin!(conn);
+    let mut closing = false;
+    loop {
+        let deadline = connection.deadline();
+        tokio::select! {
+            result = conn.as_mut() => {
+                if let Err(e) = result {
+                    tracing::debug!(peer = %connection.peer.ip(), error = %e, "connection ended with an error");
+                }
+                return;
+            }
+            () = sleep_until(deadline), if deadline.is_some() => {
+                // Re-read: activity since the sleep began may have moved the deadline.
+                if let Some((at, why)) = connection.deadline().filter(|(at, _)| *at <= Instant::now()) {
+                    tracing::debug!(peer = %connection.peer.ip(), reason = ?why, late = ?at.elapsed(), "closing a connection past its deadline");
+                    return;
+                }
+            }
+            () = connection.close_requested(), if !closing => {
+                closing = true;
+                conn.as_mut().graceful_shutdown();
+            }
+            () = draining.cancelled(), if !closing => {
+                closing = true;
+                conn.as_mut().graceful_shutdown();
+            }
+        }
+    }
+}
+
+async fn sleep_until(deadline: Option<(Instant, Expired)>) {
+    match deadline {
+        Some((at, _)) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }

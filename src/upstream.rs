@@ -22,7 +22,8 @@ use thiserror::Error;
 
 use crate::body::Body;
 use crate::config::UpstreamConfig;
-use crate::headers::{self, Forwarded, Peer};
+use crate::forwarded::{self, Peer};
+use crate::headers;
 use crate::store::Sent;
 
 /// Why an exchange with the upstream failed.
@@ -148,7 +149,7 @@ impl Upstream {
         headers::strip_hop_by_hop(&mut parts.headers);
         // Host names the upstream; the client's Host travels as X-Forwarded-Host.
         parts.headers.remove(http::header::HOST);
-        headers::set_forwarded(&mut parts.headers, &Forwarded { peer, proto: "http", host: original_host.as_ref() });
+        forwarded::apply(&mut parts.headers, peer, "http", original_host.as_ref());
     }
 
     fn target(&self, original: &Uri) -> Uri {

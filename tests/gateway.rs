@@ -432,11 +432,33 @@ async fn forwarded_request_is_clean_and_keeps_the_key(store: StoreKind) {
     assert_eq!(seen.headers["idempotency-key"], "\"raw-key\"", "forwarded unchanged for the upstream's constraint");
     assert_eq!(seen.headers["authorization"], "Bearer abc");
     assert!(seen.headers.get("x-hop").is_none(), "headers named in Connection are hop-by-hop");
-    assert_eq!(seen.headers["x-forwarded-for"], "203.0.113.7, 127.0.0.1");
+    // The client is not a trusted proxy: what it said about itself is replaced.
+    assert_eq!(seen.headers["x-forwarded-for"], "127.0.0.1");
+    assert_eq!(seen.headers["x-real-ip"], "127.0.0.1");
+    assert_eq!(seen.headers["forwarded"], "for=127.0.0.1;proto=http;host=shop.example");
     assert_eq!(seen.headers["x-forwarded-proto"], "http");
     assert_eq!(seen.headers["x-forwarded-host"], "shop.example");
     assert_eq!(seen.headers["host"], upstream.addr.to_string().as_str());
     drop(gw);
+}
+
+async fn a_trusted_proxy_keeps_its_forwarding_headers(store: StoreKind) {
+    let upstream = TestUpstream::start().await;
+    let toml = config(&store, upstream.addr, "")
+        .replace("shutdown_grace = \"2s\"", "shutdown_grace = \"2s\"\ntrusted_proxies = [\"127.0.0.0/8\"]");
+    let gw = TestGateway::start(&toml).await;
+    let headers = [
+        ("x-forwarded-for", "203.0.113.7"),
+        ("x-forwarded-proto", "https"),
+        ("x-real-ip", "203.0.113.7"),
+        ("forwarded", "for=203.0.113.7;proto=https"),
+    ];
+    gw.client().send(Method::GET, "/anything", &headers, "").await;
+    let seen = &upstream.seen()[0].headers;
+    assert_eq!(seen["x-forwarded-for"], "203.0.113.7, 127.0.0.1");
+    assert_eq!(seen["x-forwarded-proto"], "https");
+    assert_eq!(seen["x-real-ip"], "203.0.113.7");
+    assert!(seen["forwarded"].to_str().unwrap().starts_with("for=203.0.113.7;proto=https, for=127.0.0.1"));
 }
 
 async fn pass_through_routes_stream_without_idempotency(store: StoreKind) {
@@ -556,6 +578,7 @@ on_both_backends!(
     lease_is_renewed_while_the_upstream_is_slow,
     optional_key_absent_passes_through,
     forwarded_request_is_clean_and_keeps_the_key,
+    a_trusted_proxy_keeps_its_forwarding_headers,
     pass_through_routes_stream_without_idempotency,
     http2_clients_are_served,
     unknown_routes_are_404_problems,

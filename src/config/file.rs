@@ -42,6 +42,26 @@ pub struct ServerSection {
     pub problem_base: Option<String>,
     /// Threads that serve requests; the number of CPUs when absent.
     pub worker_threads: Option<usize>,
+    /// A request head (and, on a new connection, its first byte) must arrive within this.
+    pub header_read_timeout: Option<HumanDuration>,
+    /// An idempotent route's whole request body must arrive within this (408 after it).
+    pub body_read_timeout: Option<HumanDuration>,
+    /// A keep-alive connection with no request for this long is closed.
+    pub idle_timeout: Option<HumanDuration>,
+    /// Connections served at once; further ones wait in the listen backlog.
+    pub max_connections: Option<usize>,
+    /// Largest request head (431 above it).
+    pub max_header_bytes: Option<HumanSize>,
+    /// Upstream exchanges of idempotent routes running at once (503 above it).
+    pub max_exchanges: Option<usize>,
+    /// The same, per client connection.
+    pub max_exchanges_per_connection: Option<usize>,
+    /// Requests a client may abandon (reset) on one connection before it is closed (GOAWAY).
+    pub max_reset_streams: Option<usize>,
+    /// HTTP/2 keep-alive ping interval; `"0s"` sends none.
+    pub h2_keepalive_interval: Option<HumanDuration>,
+    /// Peers (IPs or CIDR blocks) whose Forwarded / X-Forwarded-* / X-Real-IP are believed.
+    pub trusted_proxies: Option<Vec<String>>,
 }
 
 /// `[store]`

@@ -19,6 +19,7 @@ use std::time::Duration;
 use http::{Method, Uri};
 use thiserror::Error;
 
+use crate::forwarded::TrustedProxies;
 use crate::idempotent::policy::IdempotencyPolicy;
 
 /// The validated configuration of one gateway process.
@@ -52,6 +53,33 @@ pub struct ServerConfig {
     pub problem_base: String,
     /// Runtime worker threads; `None` is one per CPU.
     pub worker_threads: Option<usize>,
+    /// Connection and request limits.
+    pub limits: Limits,
+    /// Peers whose forwarding headers are believed.
+    pub trusted_proxies: TrustedProxies,
+}
+
+/// What one client, or all of them, may hold of the gateway (`[server]`).
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Deadline of a request head, from its first byte (or from the connection's start).
+    pub header_read_timeout: Duration,
+    /// Deadline of an idempotent route's whole request body.
+    pub body_read_timeout: Duration,
+    /// How long a connection may wait without a request.
+    pub idle_timeout: Duration,
+    /// Connections served at once.
+    pub max_connections: usize,
+    /// Largest request head, in bytes.
+    pub max_header_bytes: usize,
+    /// Upstream exchanges running at once, in all.
+    pub max_exchanges: usize,
+    /// Upstream exchanges running at once for one connection.
+    pub max_exchanges_per_connection: usize,
+    /// Abandoned requests per connection before it is closed.
+    pub max_reset_streams: usize,
+    /// HTTP/2 keep-alive ping interval, if any.
+    pub h2_keepalive_interval: Option<Duration>,
 }
 
 /// `[store]`

@@ -12,7 +12,8 @@ use http::{HeaderName, Method, Uri};
 
 use super::file::{self, File, IdempotencySection, OneOrMany, StatusEntry};
 use super::units::{HumanDuration, HumanSize};
-use super::{Config, Issue, RouteConfig, ServerConfig, StoreBackendConfig, StoreConfig, UpstreamConfig};
+use super::{Config, Issue, Limits, RouteConfig, ServerConfig, StoreBackendConfig, StoreConfig, UpstreamConfig};
+use crate::forwarded::TrustedProxies;
 use crate::headers;
 use crate::idempotent::fingerprint::{FingerprintSpec, JsonPointer};
 use crate::idempotent::policy::{IdempotencyPolicy, StatusSet, StoreFailurePolicy, UnknownOutcomePolicy};
@@ -24,6 +25,15 @@ pub mod defaults {
     use std::time::Duration;
 
     pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(8);
+    pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+    pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+    pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+    pub const MAX_CONNECTIONS: usize = 10_000;
+    pub const MAX_HEADER_BYTES: u64 = 64 << 10;
+    pub const MAX_EXCHANGES: usize = 4096;
+    pub const MAX_EXCHANGES_PER_CONNECTION: usize = 100;
+    pub const MAX_RESET_STREAMS: usize = 100;
+    pub const H2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
     pub const PROBLEM_BASE: &str = "https://github.com/idemgate/idemgate/blob/main/docs/errors.md#";
     pub const STORE_TIMEOUT: Duration = Duration::from_secs(1);
     pub const CONNECTIONS: usize = 2;
@@ -98,6 +108,9 @@ fn server(s: &file::ServerSection, issues: &mut Issues) -> Option<ServerConfig> 
     if s.worker_threads.is_some_and(|n| !(1..=1024).contains(&n)) {
         issues.add("server.worker_threads", "must be between 1 and 1024");
     }
+    let limits = limits(s, issues);
+    let trusted_proxies =
+        issues.check("server.trusted_proxies", TrustedProxies::parse(s.trusted_proxies.as_deref().unwrap_or_default()));
     Some(ServerConfig {
         worker_threads: s.worker_threads,
         listen: listen?,
@@ -105,6 +118,55 @@ fn server(s: &file::ServerSection, issues: &mut Issues) -> Option<ServerConfig> 
         admin_token: s.admin_token.clone(),
         shutdown_grace: s.shutdown_grace.map_or(defaults::SHUTDOWN_GRACE, |d| d.0),
         problem_base,
+        limits: limits?,
+        trusted_proxies: trusted_proxies?,
+    })
+}
+
+fn limits(s: &file::ServerSection, issues: &mut Issues) -> Option<Limits> {
+    let count = |issues: &mut Issues, key: &str, value: Option<usize>, default: usize, max: usize| {
+        let n = value.unwrap_or(default);
+        if !(1..=max).contains(&n) {
+            issues.add(format!("server.{key}"), format!("must be between 1 and {max}"));
+        }
+        n
+    };
+    let header_read_timeout =
+        positive_duration(issues, "server.header_read_timeout", s.header_read_timeout, defaults::HEADER_READ_TIMEOUT);
+    let max_header_bytes =
+        positive_size(issues, "server.max_header_bytes", s.max_header_bytes, defaults::MAX_HEADER_BYTES);
+    // hyper reads a head into a buffer of at least 8 KiB; a smaller limit cannot be kept.
+    if !(8 << 10..=1 << 20).contains(&max_header_bytes) {
+        issues.add("server.max_header_bytes", "must be between 8KiB and 1MiB");
+    }
+    Some(Limits {
+        header_read_timeout,
+        body_read_timeout: positive_duration(
+            issues,
+            "server.body_read_timeout",
+            s.body_read_timeout,
+            defaults::BODY_READ_TIMEOUT,
+        ),
+        idle_timeout: positive_duration(issues, "server.idle_timeout", s.idle_timeout, defaults::IDLE_TIMEOUT),
+        max_connections: count(issues, "max_connections", s.max_connections, defaults::MAX_CONNECTIONS, 1 << 20),
+        max_header_bytes: usize::try_from(max_header_bytes).ok()?,
+        max_exchanges: count(issues, "max_exchanges", s.max_exchanges, defaults::MAX_EXCHANGES, 1 << 20),
+        max_exchanges_per_connection: count(
+            issues,
+            "max_exchanges_per_connection",
+            s.max_exchanges_per_connection,
+            defaults::MAX_EXCHANGES_PER_CONNECTION,
+            1 << 16,
+        ),
+        max_reset_streams: count(
+            issues,
+            "max_reset_streams",
+            s.max_reset_streams,
+            defaults::MAX_RESET_STREAMS,
+            1 << 20,
+        ),
+        h2_keepalive_interval: Some(s.h2_keepalive_interval.map_or(defaults::H2_KEEPALIVE_INTERVAL, |d| d.0))
+            .filter(|d| !d.is_zero()),
     })
 }
 

@@ -76,6 +76,14 @@ pub fn release_ghost(gw: &Gateway, route: &Route, record: &RecordKey, owner: Own
     spawn_release(&gw.store, &gw.exchanges, record.clone(), owner, policy.in_progress_ttl());
 }
 
+/// Releases a claim that was never forwarded (its attempt number is given back).
+pub async fn release_unsent(gw: &Gateway, route: &Route, key: &RecordKey, owner: OwnerToken, ttl: Duration) {
+    route.metrics.released(ReleaseReason::NotSent);
+    if let Err(e) = gw.store.release(key, owner, Sent::No, ttl).await {
+        tracing::warn!(key = key.short(), error = %e, "cannot release a claim that was not forwarded; it expires with its lease");
+    }
+}
+
 fn spawn_release(store: &Arc<Backend>, tracker: &TaskTracker, record: RecordKey, owner: OwnerToken, ttl: Duration) {
     // Without a runtime (the process is exiting) the claim is left to its lease.
     let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };

@@ -62,6 +62,18 @@ pub struct Exchange {
     pub request: Request<Bytes>,
     /// Fires when shutdown gives up waiting for exchanges.
     pub abandon: CancellationToken,
+    /// The exchange's places under `max_exchanges` and its connection's limit, held until it
+    /// ends (after its client, if the client goes away first).
+    pub slots: Option<ExchangeSlots>,
+}
+
+/// An exchange's places under the global and the per-connection limits.
+#[derive(Debug)]
+pub struct ExchangeSlots {
+    /// Under `server.max_exchanges`.
+    pub _global: tokio::sync::OwnedSemaphorePermit,
+    /// Under `server.max_exchanges_per_connection`.
+    pub _connection: crate::connection::ConnectionSlot,
 }
 
 /// How the call to the upstream ended.
@@ -92,7 +104,7 @@ impl Exchange {
     }
 
     async fn run(self, answer: oneshot::Sender<Answer>) {
-        let Self { route, policy, store, lease, confirmed, mut request, abandon } = self;
+        let Self { route, policy, store, lease, confirmed, mut request, abandon, slots: _slots } = self;
         if let Some(name) = policy.attempt_header.as_ref().filter(|_| confirmed) {
             request.headers_mut().insert(name.clone(), HeaderValue::from(lease.attempt()));
         }
@@ -311,6 +323,8 @@ where
 
 fn first_response(mut parts: response::Parts, body: Body, lease_lost: bool) -> Response<Body> {
     headers::strip_hop_by_hop(&mut parts.headers);
+    // The client's protocol version, not the upstream's (see `proxy::relay`).
+    parts.version = http::Version::HTTP_11;
     if lease_lost {
         parts.headers.insert(STATUS_HEADER, HeaderValue::from_static("lease-lost"));
     }

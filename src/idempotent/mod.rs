@@ -27,15 +27,15 @@ use http::{HeaderMap, HeaderValue, Request, Response, header};
 use hyper::body::Incoming;
 
 use crate::body::{self, Body};
+use crate::connection::Connection;
 use crate::error::GatewayError;
 use crate::gateway::Gateway;
-use crate::headers::Peer;
 use crate::metrics::Outcome;
 use crate::proxy;
 use crate::route::Route;
 use crate::store::{Claim, Lease, OwnerToken, RecordKey};
 
-use self::exchange::Exchange;
+use self::exchange::{Exchange, ExchangeSlots};
 use self::key::KeyError;
 use self::policy::{IdempotencyPolicy, StoreFailurePolicy};
 
@@ -45,8 +45,9 @@ pub async fn handle(
     route: &Arc<Route>,
     policy: &Arc<IdempotencyPolicy>,
     request: Request<Incoming>,
-    peer: &Peer,
+    connection: &Arc<Connection>,
 ) -> Result<(Outcome, Response<Body>), GatewayError> {
+    let peer = &connection.peer;
     let Some(key) = key::extract(request.headers(), &policy.header, policy.max_key_len)? else {
         if policy.required {
             return Err(KeyError::Missing { header: policy.header.clone() }.into());
@@ -57,7 +58,7 @@ pub async fn handle(
     check_connection(request.headers(), policy)?;
     let scope = scope::derive(&policy.scope, policy.on_missing_scope, request.headers())?;
     let (mut parts, body) = request.into_parts();
-    let body = body::read_bounded(&parts.headers, body, policy.max_request_body).await?;
+    let body = body::read_bounded(&parts.headers, body, policy.max_request_body, gw.body_read_timeout).await?;
     let fingerprint = fingerprint::compute(&route.name, &policy.fingerprint, &parts, &body);
     let record = RecordKey::new(&gw.key_prefix, &route.name, &scope, &key);
 
@@ -92,8 +93,16 @@ pub async fn handle(
     match claim {
         Claim::Acquired(lease) => {
             tracing::debug!(route = %route.name, key = record.short(), attempt = lease.attempt(), "claimed");
+            // Checked after the claim so that replays are never refused for load; a refused
+            // exchange gives its claim (and its attempt number) back.
+            let Some(slots) = exchange_slots(gw, connection) else {
+                let (key, owner, ttl) = lease.into_release();
+                claim::release_unsent(gw, route, &key, owner, ttl).await;
+                return Err(GatewayError::Overloaded);
+            };
             route.upstream.prepare(&mut parts, peer);
-            let exchange = exchange(gw, route, policy, lease, true, Request::from_parts(parts, body));
+            let mut exchange = exchange(gw, route, policy, lease, true, Request::from_parts(parts, body));
+            exchange.slots = Some(slots);
             Ok((Outcome::Executed, exchange.spawn(&gw.exchanges).await?))
         }
         Claim::Completed(stored) => Ok((Outcome::Replayed, replay::respond(stored, &policy.replay_header))),
@@ -104,6 +113,13 @@ pub async fn handle(
         Claim::InFlight { lease_left } => Err(GatewayError::InFlight { retry_after: lease_left }),
         Claim::Mismatch => Err(GatewayError::Mismatch),
     }
+}
+
+/// A slot for one more exchange, in all and for this connection, if both have one.
+fn exchange_slots(gw: &Gateway, connection: &Arc<Connection>) -> Option<ExchangeSlots> {
+    let global = Arc::clone(&gw.exchange_slots).try_acquire_owned().ok()?;
+    let local = connection.exchange_slot()?;
+    Some(ExchangeSlots { _global: global, _connection: local })
 }
 
 fn exchange(
@@ -122,6 +138,7 @@ fn exchange(
         confirmed,
         request,
         abandon: gw.abandon.clone(),
+        slots: None,
     }
 }
 

@@ -1,0 +1,310 @@
+//! One client connection: who is at the other end, and how much of the gateway it may hold.
+//!
+//! The hazards are clients that hold resources without using them: a connection that sends
+//! nothing, or a request head one byte every few seconds (slowloris), keeps a file descriptor
+//! for as long as the server lets it; an HTTP/2 connection can open and reset streams faster
+//! than their upstream calls end (the rapid-reset pattern), each reset leaving an exchange
+//! running, since exchanges outlive their clients by design. So each connection has:
+//!
+//! - a deadline, recomputed as it changes phase: a new connection must send a complete head
+//!   within `header_read_timeout`; between requests it may stay idle for `idle_timeout`; a
+//!   head, once its first byte arrived, must complete within `header_read_timeout`. Past the
+//!   deadline the connection is dropped;
+//! - a count of the exchanges it started that still run (`max_exchanges_per_connection`);
+//! - a count of the requests it abandoned before they were answered; past
+//!   `max_reset_streams` the connection is asked to close (GOAWAY on HTTP/2).
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::config::Limits;
+use crate::forwarded::Peer;
+
+/// One accepted connection's state, shared by its requests and its serving task.
+#[derive(Debug)]
+pub struct Connection {
+    /// The client.
+    pub peer: Peer,
+    limits: Limits,
+    phase: Mutex<Phase>,
+    /// Requests being handled right now.
+    in_flight: AtomicUsize,
+    /// Exchanges this connection started that still run (they may outlive it).
+    exchanges: AtomicUsize,
+    /// Requests abandoned by the client before they were answered.
+    abandoned: AtomicUsize,
+    /// Fires when the connection should close gracefully (too many abandoned requests).
+    close: Notify,
+}
+
+/// Where a connection is between requests, for its deadline.
+#[derive(Debug, Clone, Copy)]
+enum Phase {
+    /// Accepted; nothing read yet. Its first head is due within the header timeout.
+    New { since: Instant },
+    /// Waiting for the next request since `since` (its last byte in or out).
+    Idle { since: Instant },
+    /// A head has begun arriving at `since`.
+    Head { since: Instant },
+    /// Requests are being handled: no deadline of the connection's own.
+    Busy,
+    /// An HTTP/2 connection between requests: frames (pings, window updates) keep arriving,
+    /// so only time without a request counts.
+    IdleH2 { since: Instant },
+}
+
+/// Why a connection's deadline passed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expired {
+    /// No complete head in time (a silent or slow client).
+    Head,
+    /// Idle between requests for too long.
+    Idle,
+}
+
+impl Connection {
+    /// The state of a connection accepted now.
+    pub fn new(peer: Peer, limits: Limits) -> Self {
+        Self {
+            peer,
+            limits,
+            phase: Mutex::new(Phase::New { since: Instant::now() }),
+            in_flight: AtomicUsize::new(0),
+            exchanges: AtomicUsize::new(0),
+            abandoned: AtomicUsize::new(0),
+            close: Notify::new(),
+        }
+    }
+
+    fn phase(&self) -> std::sync::MutexGuard<'_, Phase> {
+        self.phase.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// When the connection's deadline passes, and why; `None` while requests run.
+    pub fn deadline(&self) -> Option<(Instant, Expired)> {
+        let l = &self.limits;
+        match *self.phase() {
+            Phase::New { since } | Phase::Head { since } => Some((since + l.header_read_timeout, Expired::Head)),
+            Phase::Idle { since } | Phase::IdleH2 { since } => Some((since + l.idle_timeout, Expired::Idle)),
+            Phase::Busy => None,
+        }
+    }
+
+    fn read(&self) {
+        let mut phase = self.phase();
+        if let Phase::Idle { .. } = *phase {
+            *phase = Phase::Head { since: Instant::now() };
+        }
+    }
+
+    fn wrote(&self) {
+        let mut phase = self.phase();
+        if let Phase::Idle { .. } = *phase {
+            *phase = Phase::Idle { since: Instant::now() };
+        }
+    }
+
+    /// A request has arrived (its head is complete). The guard marks it answered or
+    /// abandoned when dropped.
+    pub fn request(self: &Arc<Self>, http2: bool) -> RequestGuard {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+        *self.phase() = Phase::Busy;
+        RequestGuard { connection: Arc::clone(self), http2, answered: false }
+    }
+
+    /// A slot for one more exchange of this connection, if it has one left.
+    pub fn exchange_slot(self: &Arc<Self>) -> Option<ConnectionSlot> {
+        let max = self.limits.max_exchanges_per_connection;
+        self.exchanges
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1))
+            .ok()
+            .map(|_| ConnectionSlot(Arc::clone(self)))
+    }
+
+    /// Completes when the connection has been asked to close gracefully.
+    pub async fn close_requested(&self) {
+        self.close.notified().await;
+    }
+}
+
+/// One request in flight on a connection.
+#[derive(Debug)]
+pub struct RequestGuard {
+    connection: Arc<Connection>,
+    http2: bool,
+    answered: bool,
+}
+
+impl RequestGuard {
+    /// The response is ready: the request was not abandoned.
+    pub fn answered(mut self) {
+        self.answered = true;
+    }
+}
+
+impl Drop for RequestGuard {
+    fn drop(&mut self) {
+        let c = &self.connection;
+        if !self.answered {
+            let abandoned = c.abandoned.fetch_add(1, Ordering::AcqRel) + 1;
+            if abandoned == c.limits.max_reset_streams + 1 {
+                tracing::warn!(peer = %c.peer.ip(), abandoned, "client abandons requests; closing its connection");
+                c.close.notify_one();
+            }
+        }
+        if c.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let since = Instant::now();
+            *c.phase() = if self.http2 { Phase::IdleH2 { since } } else { Phase::Idle { since } };
+        }
+    }
+}
+
+/// An exchange counted against its connection until it ends.
+#[derive(Debug)]
+pub struct ConnectionSlot(Arc<Connection>);
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        self.0.exchanges.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The connection's socket, reporting reads and writes to its [`Connection`].
+pub struct Watched<T> {
+    inner: T,
+    connection: Arc<Connection>,
+}
+
+impl<T> Watched<T> {
+    /// Wraps `inner`.
+    pub fn new(inner: T, connection: Arc<Connection>) -> Self {
+        Self { inner, connection }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            self.connection.read();
+        }
+        polled
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Watched<T> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<std::io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write(cx, data);
+        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
+            self.connection.wrote();
+        }
+        polled
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write_vectored(cx, bufs);
+        if matches!(polled, Poll::Ready(Ok(n)) if n > 0) {
+            self.connection.wrote();
+        }
+        polled
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::forwarded::TrustedProxies;
+    use std::time::Duration;
+
+    fn limits() -> Limits {
+        Limits {
+            header_read_timeout: Duration::from_secs(10),
+            body_read_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(60),
+            max_connections: 10,
+            max_header_bytes: 1 << 16,
+            max_exchanges: 10,
+            max_exchanges_per_connection: 2,
+            max_reset_streams: 3,
+            h2_keepalive_interval: None,
+        }
+    }
+
+    fn connection() -> Arc<Connection> {
+        Arc::new(Connection::new(Peer::new("127.0.0.1:1".parse().unwrap(), &TrustedProxies::default()), limits()))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn deadlines_follow_the_phase() {
+        let c = connection();
+        let start = Instant::now();
+        assert_eq!(c.deadline(), Some((start + Duration::from_secs(10), Expired::Head)), "a new connection");
+        c.read();
+        assert_eq!(c.deadline(), Some((start + Duration::from_secs(10), Expired::Head)), "bytes do not extend it");
+        let request = c.request(false);
+        assert_eq!(c.deadline(), None, "busy");
+        tokio::time::advance(Duration::from_secs(5)).await;
+        request.answered();
+        let idle = Instant::now();
+        assert_eq!(c.deadline(), Some((idle + Duration::from_secs(60), Expired::Idle)));
+        tokio::time::advance(Duration::from_secs(3)).await;
+        c.wrote();
+        assert_eq!(c.deadline().unwrap().0, Instant::now() + Duration::from_secs(60), "writing is activity");
+        c.read();
+        assert_eq!(c.deadline(), Some((Instant::now() + Duration::from_secs(10), Expired::Head)), "a head began");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_http2_connection_counts_requests_not_frames() {
+        let c = connection();
+        c.request(true).answered();
+        let since = Instant::now();
+        c.read();
+        assert_eq!(c.deadline(), Some((since + Duration::from_secs(60), Expired::Idle)));
+    }
+
+    #[tokio::test]
+    async fn exchange_slots_are_bounded_and_given_back() {
+        let c = connection();
+        let a = c.exchange_slot().unwrap();
+        let _b = c.exchange_slot().unwrap();
+        assert!(c.exchange_slot().is_none());
+        drop(a);
+        assert!(c.exchange_slot().is_some());
+    }
+
+    #[tokio::test]
+    async fn too_many_abandoned_requests_ask_the_connection_to_close() {
+        let c = connection();
+        for _ in 0..3 {
+            drop(c.request(true));
+        }
+        let closing = tokio::time::timeout(Duration::from_millis(50), c.close_requested()).await;
+        assert!(closing.is_err(), "three are allowed");
+        drop(c.request(true));
+        tokio::time::timeout(Duration::from_millis(50), c.close_requested()).await.unwrap();
+    }
+}
