@@ -136,7 +136,9 @@ fn authorize(admin: &Admin, headers: &HeaderMap) -> Option<Response<Body>> {
     let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        // The scheme is case-insensitive (RFC 9110 §11.1): "bearer" is "Bearer".
+        .and_then(|v| v.trim().split_once(' ').filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer")))
+        .map(|(_, token)| token)
         .map(|t| <[u8; 32]>::from(Sha256::digest(t.trim().as_bytes())));
     let matches = presented.is_some_and(|p| p.iter().zip(expected.iter()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0);
     if matches {

@@ -11,8 +11,11 @@
 //!   head, once its first byte arrived, must complete within `header_read_timeout`. Past the
 //!   deadline the connection is dropped;
 //! - a count of the exchanges it started that still run (`max_exchanges_per_connection`);
-//! - a count of the requests it abandoned before they were answered; past
-//!   `max_reset_streams` the connection is asked to close (GOAWAY on HTTP/2).
+//! - a count of its wasted requests: abandoned (reset) before they were answered, or refused
+//!   because the connection already runs its limit of exchanges. Past `max_reset_streams`
+//!   the connection is asked to close (GOAWAY on HTTP/2). A client that opens streams and
+//!   resets them at once gets nothing but this: its exchanges are capped, and its connection
+//!   ends.
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -37,10 +40,13 @@ pub struct Connection {
     in_flight: AtomicUsize,
     /// Exchanges this connection started that still run (they may outlive it).
     exchanges: AtomicUsize,
-    /// Requests abandoned by the client before they were answered.
-    abandoned: AtomicUsize,
-    /// Fires when the connection should close gracefully (too many abandoned requests).
+    /// Requests abandoned by the client before they were answered, or refused for the
+    /// connection's exchange limit.
+    wasted: AtomicUsize,
+    /// Fires when the connection should close gracefully (too many wasted requests).
     close: Notify,
+    /// Fires when the phase changes in a way that moves the deadline earlier.
+    changed: Notify,
 }
 
 /// Where a connection is between requests, for its deadline.
@@ -77,8 +83,9 @@ impl Connection {
             phase: Mutex::new(Phase::New { since: Instant::now() }),
             in_flight: AtomicUsize::new(0),
             exchanges: AtomicUsize::new(0),
-            abandoned: AtomicUsize::new(0),
+            wasted: AtomicUsize::new(0),
             close: Notify::new(),
+            changed: Notify::new(),
         }
     }
 
@@ -118,18 +125,36 @@ impl Connection {
         RequestGuard { connection: Arc::clone(self), http2, answered: false }
     }
 
-    /// A slot for one more exchange of this connection, if it has one left.
+    /// A slot for one more exchange of this connection, if it has one left. A refusal counts
+    /// as a wasted request.
     pub fn exchange_slot(self: &Arc<Self>) -> Option<ConnectionSlot> {
         let max = self.limits.max_exchanges_per_connection;
-        self.exchanges
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1))
-            .ok()
-            .map(|_| ConnectionSlot(Arc::clone(self)))
+        let taken = self.exchanges.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < max).then_some(n + 1));
+        match taken {
+            Ok(_) => Some(ConnectionSlot(Arc::clone(self))),
+            Err(_) => {
+                self.waste("refused for its exchange limit");
+                None
+            }
+        }
+    }
+
+    fn waste(&self, how: &str) {
+        let wasted = self.wasted.fetch_add(1, Ordering::AcqRel) + 1;
+        if wasted == self.limits.max_reset_streams + 1 {
+            tracing::warn!(peer = %self.peer.ip(), wasted, last = how, "client wastes requests; closing its connection");
+            self.close.notify_one();
+        }
     }
 
     /// Completes when the connection has been asked to close gracefully.
     pub async fn close_requested(&self) {
         self.close.notified().await;
+    }
+
+    /// Completes when the deadline may have moved earlier (a request ended).
+    pub async fn changed(&self) {
+        self.changed.notified().await;
     }
 }
 
@@ -152,15 +177,12 @@ impl Drop for RequestGuard {
     fn drop(&mut self) {
         let c = &self.connection;
         if !self.answered {
-            let abandoned = c.abandoned.fetch_add(1, Ordering::AcqRel) + 1;
-            if abandoned == c.limits.max_reset_streams + 1 {
-                tracing::warn!(peer = %c.peer.ip(), abandoned, "client abandons requests; closing its connection");
-                c.close.notify_one();
-            }
+            c.waste("abandoned before its answer");
         }
         if c.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
             let since = Instant::now();
             *c.phase() = if self.http2 { Phase::IdleH2 { since } } else { Phase::Idle { since } };
+            c.changed.notify_one();
         }
     }
 }
@@ -294,6 +316,19 @@ mod tests {
         assert!(c.exchange_slot().is_none());
         drop(a);
         assert!(c.exchange_slot().is_some());
+    }
+
+    #[tokio::test]
+    async fn refusals_for_the_exchange_limit_count_as_waste() {
+        let c = connection();
+        let _a = c.exchange_slot().unwrap();
+        let _b = c.exchange_slot().unwrap();
+        for _ in 0..3 {
+            assert!(c.exchange_slot().is_none());
+        }
+        assert!(tokio::time::timeout(Duration::from_millis(50), c.close_requested()).await.is_err());
+        assert!(c.exchange_slot().is_none());
+        tokio::time::timeout(Duration::from_millis(50), c.close_requested()).await.unwrap();
     }
 
     #[tokio::test]

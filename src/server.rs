@@ -250,6 +250,8 @@ async fn serve_connection(
                     return;
                 }
             }
+            // A request ended: the loop re-reads the deadline.
+            () = connection.changed() => {}
             () = connection.close_requested(), if !closing => {
                 closing = true;
                 conn.as_mut().graceful_shutdown();

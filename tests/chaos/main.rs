@@ -14,7 +14,6 @@
 mod support;
 
 mod common;
-mod gateway_proc;
 mod ledger;
 mod scenarios;
 

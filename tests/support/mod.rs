@@ -5,6 +5,7 @@
 
 pub mod client;
 pub mod gateway;
+pub mod gateway_proc;
 pub mod process;
 pub mod proxy;
 pub mod raw_upstream;

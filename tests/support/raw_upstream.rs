@@ -16,6 +16,8 @@ pub enum Misbehaviour {
     HalfBody,
     /// Answers properly (201), so that a retry that gets through can be told apart.
     Answer,
+    /// Answers `HTTP/1.0 200 OK` and closes, as an old server does.
+    AnswerHttp10,
 }
 
 pub struct RawUpstream {
@@ -97,6 +99,12 @@ async fn serve(mut stream: TcpStream, heads: Arc<Mutex<Vec<String>>>, mode: Arc<
             Misbehaviour::CloseAfterRequest => return,
             Misbehaviour::HalfBody => {
                 let _ = stream.write_all(b"HTTP/1.1 201 Created\r\ncontent-length: 100\r\n\r\n0123456789").await;
+                return;
+            }
+            Misbehaviour::AnswerHttp10 => {
+                let _ = stream
+                    .write_all(b"HTTP/1.0 200 OK\r\ncontent-type: text/plain\r\ncontent-length: 2\r\n\r\nok")
+                    .await;
                 return;
             }
             Misbehaviour::Answer => {

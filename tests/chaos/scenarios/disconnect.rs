@@ -8,8 +8,8 @@ use tokio::io::AsyncWriteExt;
 use tokio::task::JoinSet;
 
 use crate::common::{Report, gateway_toml, order, post, route};
-use crate::gateway_proc::GatewayProc;
 use crate::ledger::{Faults, Ledger};
+use crate::support::gateway_proc::GatewayProc;
 use crate::support::redis::RedisServer;
 use crate::support::unique;
 

@@ -2,8 +2,8 @@
 //! retry runs again; the one success is stored and every later retry replays it.
 
 use crate::common::{Report, gateway_toml, order, post, route};
-use crate::gateway_proc::GatewayProc;
 use crate::ledger::{Faults, Ledger};
+use crate::support::gateway_proc::GatewayProc;
 use crate::support::redis::RedisServer;
 use crate::support::unique;
 

@@ -9,9 +9,9 @@ use std::time::Duration;
 use tokio::task::JoinSet;
 
 use crate::common::{Report, gateway_toml, order, post, route};
-use crate::gateway_proc::GatewayProc;
 use crate::ledger::{Faults, Ledger};
 use crate::support::client::Reply;
+use crate::support::gateway_proc::GatewayProc;
 use crate::support::redis::RedisServer;
 use crate::support::unique;
 

@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use crate::common::{Report, gateway_toml, order, post, post_until_served, route};
-use crate::gateway_proc::GatewayProc;
 use crate::ledger::{Faults, Ledger};
+use crate::support::gateway_proc::GatewayProc;
 use crate::support::redis::RedisServer;
 use crate::support::unique;
 

@@ -8,8 +8,8 @@
 use std::time::{Duration, Instant};
 
 use crate::common::{Report, order, post, route};
-use crate::gateway_proc::GatewayProc;
 use crate::ledger::{Faults, Ledger};
+use crate::support::gateway_proc::GatewayProc;
 use crate::support::redis::RedisServer;
 use crate::support::unique;
 

@@ -7,8 +7,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::support::client::Client;
-use crate::support::process::spawn_tied;
+use super::client::Client;
+use super::process::spawn_tied;
 
 pub struct GatewayProc {
     pub addr: SocketAddr,

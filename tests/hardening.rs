@@ -1,0 +1,296 @@
+//! The edge as an attacker probes it: the real `idemgate` binary, raw TCP and raw HTTP/2
+//! frames, and a counting upstream. Each test names the threat of docs/security.md it covers.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::Method;
+use support::client::{Client, DEFAULT_AUTH};
+use support::gateway_proc::GatewayProc;
+use support::raw_upstream::{Misbehaviour, RawUpstream};
+use support::upstream::{Behavior, TestUpstream};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const ORDER: &str = r#"{"sku":"A-1","quantity":2}"#;
+
+/// The binary on port 0 with the memory store, `server` lines added to `[server]` and `policy`
+/// lines to the idempotent `POST /orders` route; everything else passes through.
+fn start(upstream: SocketAddr, server: &str, policy: &str) -> GatewayProc {
+    GatewayProc::start(&format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+{server}
+
+[store]
+backend = "memory"
+
+[upstreams.app]
+url = "http://{upstream}"
+timeout = "5s"
+
+[[routes]]
+name = "orders"
+methods = ["POST"]
+path = "/orders"
+upstream = "app"
+
+[routes.idempotency]
+{policy}
+
+[[routes]]
+name = "rest"
+path = "/{{*rest}}"
+upstream = "app"
+"#
+    ))
+}
+
+/// Reads until the peer closes the connection or `limit` passes; returns what was read and
+/// whether the connection was closed.
+async fn read_until_closed(stream: &mut TcpStream, limit: Duration) -> (Vec<u8>, bool) {
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        match tokio::time::timeout_at(deadline, stream.read(&mut buf)).await {
+            Err(_) => return (out, false),
+            Ok(Ok(0)) | Ok(Err(_)) => return (out, true),
+            Ok(Ok(n)) => out.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+fn status_of(raw: &[u8]) -> u16 {
+    let text = String::from_utf8_lossy(raw);
+    text.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0)
+}
+
+// ---- slow and silent clients ---------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_connections_are_closed_within_the_header_timeout_while_others_are_served() {
+    let upstream = TestUpstream::start().await;
+    let gw = start(upstream.addr, r#"header_read_timeout = "1s""#, "");
+    // Bounded by the test process's descriptor limit, well within any CI's.
+    let mut silent = Vec::new();
+    for _ in 0..300 {
+        silent.push(TcpStream::connect(gw.addr).await.unwrap());
+    }
+    let started = Instant::now();
+    let served = gw.client().get("/anything", &[]).await;
+    assert_eq!(served.status, 201, "a normal client is served meanwhile");
+    let mut closed = 0;
+    for stream in &mut silent {
+        let (_, was_closed) = read_until_closed(stream, Duration::from_secs(3)).await;
+        closed += usize::from(was_closed);
+    }
+    assert_eq!(closed, 300, "every silent connection was closed");
+    assert!(started.elapsed() < Duration::from_secs(4), "took {:?}", started.elapsed());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slowloris_head_is_cut_off_at_the_header_timeout() {
+    let upstream = TestUpstream::start().await;
+    let gw = start(upstream.addr, r#"header_read_timeout = "1s""#, "");
+    let mut stream = TcpStream::connect(gw.addr).await.unwrap();
+    stream.write_all(b"GET /anything HTTP/1.1\r\nhost: x\r\n").await.unwrap();
+    let started = Instant::now();
+    // One header byte every 200ms: always active, never done.
+    let mut cut = false;
+    for _ in 0..30 {
+        if stream.write_all(b"x").await.is_err() {
+            cut = true;
+            break;
+        }
+        let mut buf = [0u8; 64];
+        if let Ok(Ok(0) | Err(_)) = tokio::time::timeout(Duration::from_millis(200), stream.read(&mut buf)).await {
+            cut = true;
+            break;
+        }
+    }
+    assert!(cut, "the trickling head was never cut off");
+    assert!(started.elapsed() < Duration::from_millis(2500), "took {:?}", started.elapsed());
+    assert_eq!(upstream.executions(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_keep_alive_connection_is_closed_after_the_idle_timeout() {
+    let upstream = TestUpstream::start().await;
+    let gw = start(upstream.addr, "idle_timeout = \"1s\"\nheader_read_timeout = \"5s\"", "");
+    let mut stream = TcpStream::connect(gw.addr).await.unwrap();
+    stream.write_all(b"GET /a HTTP/1.1\r\nhost: x\r\n\r\n").await.unwrap();
+    let mut buf = [0u8; 4096];
+    let n = stream.read(&mut buf).await.unwrap();
+    assert_eq!(status_of(&buf[..n]), 201);
+    let started = Instant::now();
+    let (_, closed) = read_until_closed(&mut stream, Duration::from_secs(4)).await;
+    assert!(closed, "still open after 4s");
+    let idle = started.elapsed();
+    assert!(idle >= Duration::from_millis(900) && idle < Duration::from_secs(3), "closed after {idle:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_body_gets_408_and_holds_no_claim() {
+    let upstream = TestUpstream::start().await;
+    let gw = start(upstream.addr, r#"body_read_timeout = "1s""#, "");
+    let mut stream = TcpStream::connect(gw.addr).await.unwrap();
+    let head = format!(
+        "POST /orders HTTP/1.1\r\nhost: x\r\nauthorization: {DEFAULT_AUTH}\r\nidempotency-key: stalled\r\n\
+         content-type: application/json\r\ncontent-length: 1000\r\n\r\n{{\"sku\""
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let (raw, closed) = read_until_closed(&mut stream, Duration::from_secs(4)).await;
+    assert_eq!(status_of(&raw), 408, "{}", String::from_utf8_lossy(&raw));
+    assert!(String::from_utf8_lossy(&raw).contains("body-timeout"));
+    assert!(closed, "the connection closes after a 408");
+    // Nothing was claimed: the same key runs at once.
+    let r = gw.client().post_json("/orders", Some("stalled"), ORDER).await;
+    assert_eq!(r.status, 201);
+    assert_eq!(upstream.executions(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_over_the_limit_gets_431() {
+    let upstream = TestUpstream::start().await;
+    let gw = start(upstream.addr, r#"max_header_bytes = "16KiB""#, "");
+    let big = "a".repeat(20 << 10);
+    let mut stream = TcpStream::connect(gw.addr).await.unwrap();
+    let request = format!("GET /x HTTP/1.1\r\nhost: x\r\nx-big: {big}\r\n\r\n");
+    let _ = stream.write_all(request.as_bytes()).await;
+    let (raw, _) = read_until_closed(&mut stream, Duration::from_secs(3)).await;
+    assert_eq!(status_of(&raw), 431, "{}", String::from_utf8_lossy(&raw));
+    assert_eq!(upstream.executions(), 0);
+}
+
+// ---- Host and versions -----------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http11_requests_need_exactly_one_host() {
+    let upstream = TestUpstream::start().await;
+    let gw = start(upstream.addr, "", "");
+    for (head, want) in [
+        ("GET /a HTTP/1.1\r\n\r\n", 400),
+        ("GET /a HTTP/1.1\r\nhost: a\r\nhost: b\r\n\r\n", 400),
+        ("GET /a HTTP/1.1\r\nhost: a\r\n\r\n", 201),
+        ("GET /a HTTP/1.0\r\n\r\n", 201),
+    ] {
+        let mut stream = TcpStream::connect(gw.addr).await.unwrap();
+        stream.write_all(head.as_bytes()).await.unwrap();
+        let mut buf = vec![0u8; 4096];
+        let n = stream.read(&mut buf).await.unwrap();
+        assert_eq!(status_of(&buf[..n]), want, "{head:?}: {}", String::from_utf8_lossy(&buf[..n]));
+        if want == 400 {
+            assert!(String::from_utf8_lossy(&buf[..n]).contains("bad-host"));
+        }
+    }
+    assert_eq!(upstream.executions(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http10_upstream_answers_http11_clients_in_http11_and_keeps_them_alive() {
+    let upstream = RawUpstream::start(Misbehaviour::AnswerHttp10).await;
+    let gw = start(upstream.addr, "", "");
+    let mut stream = TcpStream::connect(gw.addr).await.unwrap();
+    for i in 0..2 {
+        stream.write_all(b"GET /a HTTP/1.1\r\nhost: x\r\n\r\n").await.unwrap();
+        let mut buf = vec![0u8; 4096];
+        let n = stream.read(&mut buf).await.unwrap();
+        let text = String::from_utf8_lossy(&buf[..n]);
+        assert!(text.starts_with("HTTP/1.1 200"), "request {i} on one connection: {text}");
+    }
+}
+
+// ---- exchanges and resets --------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exchanges_past_the_per_connection_cap_get_503_and_are_not_forwarded() {
+    let upstream = TestUpstream::with(Behavior { delay: Duration::from_millis(800), ..Behavior::default() }).await;
+    let gw = start(upstream.addr, "max_exchanges_per_connection = 3", "");
+    let client = Client::h2(gw.addr);
+    let requests: Vec<_> = (0..10)
+        .map(|i| {
+            let c = client.clone();
+            tokio::spawn(async move { c.post_json("/orders", Some(&format!("cap-{i}")), ORDER).await })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for r in requests {
+        let reply = r.await.unwrap();
+        if reply.status == 503 {
+            assert_eq!(reply.problem(), "overloaded");
+            assert_eq!(reply.header("retry-after"), Some("1"));
+        }
+        statuses.push(reply.status.as_u16());
+    }
+    assert_eq!(statuses.iter().filter(|s| **s == 201).count(), 3, "{statuses:?}");
+    assert_eq!(statuses.iter().filter(|s| **s == 503).count(), 7, "{statuses:?}");
+    assert_eq!(upstream.executions(), 3, "the refused ones never reached the upstream");
+    // Their claims were given back: a refused key runs once a slot is free.
+    let refused = (0..10).find(|i| statuses[*i] == 503).unwrap();
+    let again = client.post_json("/orders", Some(&format!("cap-{refused}")), ORDER).await;
+    assert_eq!(again.status, 201);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_storm_ends_in_goaway_and_the_upstream_sees_at_most_the_cap() {
+    let upstream = TestUpstream::with(Behavior { delay: Duration::from_millis(1500), ..Behavior::default() }).await;
+    let gw = start(upstream.addr, "max_exchanges_per_connection = 5\nmax_reset_streams = 20", "");
+    let tcp = TcpStream::connect(gw.addr).await.unwrap();
+    let (mut h2, connection) = h2::client::handshake(tcp).await.unwrap();
+    let driver = tokio::spawn(connection);
+    let mut refused_after = None;
+    for i in 0..200 {
+        let request = http::Request::builder()
+            .method(Method::POST)
+            .uri(format!("http://{}/orders", gw.addr))
+            .header("content-type", "application/json")
+            .header("authorization", DEFAULT_AUTH)
+            .header("idempotency-key", format!("storm-{i}"))
+            .body(())
+            .unwrap();
+        let ready = tokio::time::timeout(Duration::from_secs(2), h2.clone().ready()).await;
+        let Ok(Ok(mut sender)) = ready else {
+            refused_after = Some(i);
+            break;
+        };
+        let Ok((response, mut body)) = sender.send_request(request, false) else {
+            refused_after = Some(i);
+            break;
+        };
+        let _ = body.send_data(Bytes::from_static(ORDER.as_bytes()), true);
+        // Give the gateway a moment to start the exchange, then reset the stream.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        drop(response);
+        body.send_reset(h2::Reason::CANCEL);
+        h2 = sender;
+    }
+    let refused_after = refused_after.expect("the connection was never closed");
+    assert!(refused_after <= 40, "GOAWAY came only after {refused_after} resets");
+    let _ = tokio::time::timeout(Duration::from_secs(3), driver).await;
+    tokio::time::sleep(Duration::from_millis(1800)).await;
+    let executions = upstream.executions();
+    assert!(executions <= 5 + 1, "the upstream saw {executions} exchanges from one connection");
+}
+
+// ---- admin -----------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_bearer_scheme_is_case_insensitive() {
+    let upstream = TestUpstream::start().await;
+    let gw = start(upstream.addr, r#"admin_token = "test-admin-token-0123456789""#, "");
+    let admin = Client::new(gw.admin);
+    let path = "/keys?route=orders&key=k";
+    for scheme in ["Bearer", "bearer", "BEARER"] {
+        let auth = format!("{scheme} test-admin-token-0123456789");
+        let r = admin.send(Method::GET, path, &[("authorization", &auth)], "").await;
+        assert_eq!(r.status, 404, "{scheme}: authorized, and the key is absent");
+    }
+    let r = admin.send(Method::GET, path, &[("authorization", "Basic dGVzdA==")], "").await;
+    assert_eq!(r.status, 401);
+}
