@@ -8,18 +8,20 @@
 //! GET    /healthz                                 200 while the process runs (HEAD too)
 //! GET    /readyz                                  200 when the store answers and not draining
 //! GET    /metrics                                 Prometheus text format
-//! GET    /keys?route=R&key=K[&scope=V|&scope_hash=H]   the record of key K (JSON)
-//! DELETE /keys?route=R&key=K[&scope=V|&scope_hash=H]   release it
+//! GET    /keys?route=R&key=K[&scope_hash=H]   the record of key K (JSON)
+//! DELETE /keys?route=R&key=K[&scope_hash=H]   release it
 //! ```
 //!
-//! `scope` is the raw value of the route's scope source when it has one (e.g. the caller's
-//! Authorization value, or a cookie's value); `scope_hash` is the scope's digest in hex, for
-//! any route. Leave both out for a `global` route or the anonymous scope.
+//! The caller whose key it is: its scope headers, each sent as `Scope-NAME` (for a route
+//! scoped by `Authorization`, `Scope-Authorization: Bearer ...`; by a cookie,
+//! `Scope-Cookie: session=...`), or `scope_hash`, the scope's digest in hex. Never the raw
+//! credential in the URL, where proxies and shells log it. Neither: a `global` route, or the
+//! anonymous scope.
 
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, header};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -33,7 +35,7 @@ use crate::body::{self, Body};
 use crate::error::admin_problem;
 use crate::gateway::Gateway;
 use crate::idempotent::key;
-use crate::idempotent::scope::{self, MissingScope, Scope, Source};
+use crate::idempotent::scope::{self, MissingScope, Scope};
 use crate::store::{EntryState, RecordKey, Store};
 
 /// The admin service's shared state.
@@ -108,7 +110,7 @@ async fn handle(admin: &Admin, draining: &CancellationToken, request: Request<In
                 return denied;
             }
             let delete = method == Method::DELETE;
-            keys(gw, request.uri().query().unwrap_or(""), delete).await
+            keys(gw, request.uri().query().unwrap_or(""), request.headers(), delete).await
         }
         (method, path) => match ENDPOINTS.iter().find(|(p, _)| *p == path) {
             Some((_, allow)) => {
@@ -155,7 +157,7 @@ fn authorize(admin: &Admin, headers: &HeaderMap) -> Option<Response<Body>> {
     Some(r)
 }
 
-async fn keys(gw: &Gateway, query: &str, delete: bool) -> Response<Body> {
+async fn keys(gw: &Gateway, query: &str, headers: &HeaderMap, delete: bool) -> Response<Body> {
     let mut route_name = None;
     let mut key_value = None;
     let mut scope_value = None;
@@ -188,32 +190,31 @@ async fn keys(gw: &Gateway, query: &str, delete: bool) -> Response<Body> {
         Ok(None) => return bad("Give a key."),
         Err(e) => return bad(&e.to_string()),
     };
-    let scope = match (scope_hash, scope_value, policy.scope.sources()) {
-        (Some(hash), _, _) => match Scope::from_hex(&hash) {
+    if scope_value.is_some() {
+        return bad("The scope does not go in the URL, where proxies and shells log it: send the caller's \
+            scope headers as Scope-NAME headers (Scope-Authorization: Bearer ...), or give scope_hash.");
+    }
+    let scope = match scope_hash {
+        Some(hash) => match Scope::from_hex(&hash) {
             Some(scope) => scope,
             None => return bad("scope_hash must be 64 hex digits."),
         },
-        (None, Some(value), [source]) => {
-            // A cookie source reads the Cookie header: the value goes in as `name=value`.
-            let value = match source {
-                Source::Header(_) => value,
-                Source::Cookie(name) => format!("{name}={value}"),
-            };
-            let Ok(value) = HeaderValue::from_str(&value) else {
-                return bad("The scope holds characters a header cannot carry.");
-            };
-            let headers = HeaderMap::from_iter([(source.header(), value)]);
-            match scope::derive(&policy.scope, MissingScope::Anonymous, &headers) {
+        None => {
+            // The caller's scope sources, each sent as `Scope-NAME` (`Scope-Authorization`,
+            // `Scope-Cookie`). Without them: the scope of a global route or the anonymous one.
+            let mut caller = HeaderMap::new();
+            for source in policy.scope.sources() {
+                let name = source.header();
+                let Ok(admin_name) = HeaderName::from_bytes(format!("scope-{name}").as_bytes()) else { continue };
+                for value in headers.get_all(&admin_name) {
+                    caller.append(name.clone(), value.clone());
+                }
+            }
+            match scope::derive(&policy.scope, MissingScope::Anonymous, &caller) {
                 Ok(scope) => scope,
                 Err(e) => return bad(&e.to_string()),
             }
         }
-        (None, Some(_), _) => return bad("This route's scope has several sources: give scope_hash."),
-        // A global route, or the anonymous scope of a route with on_missing_scope = "anonymous".
-        (None, None, _) => match scope::derive(&policy.scope, MissingScope::Anonymous, &HeaderMap::new()) {
-            Ok(scope) => scope,
-            Err(e) => return bad(&e.to_string()),
-        },
     };
     let record = RecordKey::new(&gw.key_prefix, &route.name, &scope, &key);
     let unavailable = |e: crate::store::StoreError| {

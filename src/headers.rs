@@ -39,16 +39,41 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
-/// Response headers that are never stored for replay.
-const NEVER_STORED: [HeaderName; 2] = [header::SET_COOKIE, header::WWW_AUTHENTICATE];
+/// Response headers that are never stored for replay: session cookies and credentials or
+/// challenges meant for the one client that got them. (`Proxy-*` and hop-by-hop headers are
+/// never stored either.) `Date` is not stored because a replay gets a fresh one.
+const NEVER_STORED: [HeaderName; 5] = [
+    header::SET_COOKIE,
+    HeaderName::from_static("set-cookie2"),
+    header::WWW_AUTHENTICATE,
+    HeaderName::from_static("authentication-info"),
+    header::DATE,
+];
+
+/// Which response headers a route stores for replay.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoredHeaders {
+    /// `replay_headers`: when set, only these are stored (still never the ones above).
+    pub allow: Option<Vec<HeaderName>>,
+    /// `exclude_headers`: never stored, besides the ones above.
+    pub exclude: Vec<HeaderName>,
+}
 
 /// The headers of an upstream response that may be stored and replayed.
-pub fn storable(headers: &HeaderMap, exclude: &[HeaderName]) -> HeaderMap {
+pub fn storable(headers: &HeaderMap, policy: &StoredHeaders) -> HeaderMap {
     let mut out = headers.clone();
     strip_hop_by_hop(&mut out);
-    let proxy_headers: Vec<HeaderName> =
-        out.keys().filter(|name| name.as_str().starts_with("proxy-")).cloned().collect();
-    for name in NEVER_STORED.iter().chain(exclude).chain(&proxy_headers) {
+    let dropped: Vec<HeaderName> = out
+        .keys()
+        .filter(|name| {
+            name.as_str().starts_with("proxy-")
+                || NEVER_STORED.contains(name)
+                || policy.exclude.contains(name)
+                || policy.allow.as_ref().is_some_and(|allow| !allow.contains(name))
+        })
+        .cloned()
+        .collect();
+    for name in dropped {
         out.remove(name);
     }
     out
@@ -96,8 +121,30 @@ mod tests {
             ("x-internal-trace", "t"),
             ("location", "/orders/1"),
         ]);
-        let kept = storable(&h, &[HeaderName::from_static("x-internal-trace")]);
+        let policy = StoredHeaders { allow: None, exclude: vec![HeaderName::from_static("x-internal-trace")] };
+        let kept = storable(&h, &policy);
         let names: Vec<_> = kept.keys().map(|k| k.as_str()).collect();
         assert_eq!(names, ["content-type", "location"]);
+    }
+
+    #[test]
+    fn credentials_of_every_kind_and_the_date_are_never_stored() {
+        let h = map(&[
+            ("set-cookie2", "a=b"),
+            ("authentication-info", "nextnonce=x"),
+            ("proxy-authentication-info", "y"),
+            ("date", "Mon, 30 Nov 2026 10:00:00 GMT"),
+            ("content-type", "application/json"),
+        ]);
+        let kept = storable(&h, &StoredHeaders::default());
+        assert_eq!(kept.keys().map(|k| k.as_str()).collect::<Vec<_>>(), ["content-type"]);
+    }
+
+    #[test]
+    fn an_allowlist_stores_only_what_it_names() {
+        let h = map(&[("content-type", "a/b"), ("location", "/o/1"), ("x-trace", "t"), ("set-cookie", "s=1")]);
+        let allow = ["content-type", "location", "set-cookie"].map(HeaderName::from_static).to_vec();
+        let kept = storable(&h, &StoredHeaders { allow: Some(allow), exclude: vec![] });
+        assert_eq!(kept.keys().map(|k| k.as_str()).collect::<Vec<_>>(), ["content-type", "location"]);
     }
 }

@@ -349,6 +349,39 @@ fn check_warns_about_leases_that_undermine_the_guarantee_but_accepts_them() {
 }
 
 #[test]
+fn the_admin_token_may_come_from_the_environment_and_a_public_admin_listener_is_warned_about() {
+    let with =
+        |lines: &str| MINIMAL.replace("listen = \"127.0.0.1:8080\"", &format!("listen = \"127.0.0.1:8080\"\n{lines}"));
+    // A variable name no other test uses; the child process gets it, this one never sets it.
+    let var = "IDEMGATE_TEST_ADMIN_TOKEN_7361";
+    let text = with(&format!("admin_token_env = \"{var}\""));
+    assert_issue(&text, "server.admin_token_env", "is not set");
+    let out = Command::new(env!("CARGO_BIN_EXE_idemgate"))
+        .args(["check", "--config", "/dev/stdin"])
+        .env(var, "a-token-from-the-environment")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut child| {
+            use std::io::Write;
+            child.stdin.take().unwrap().write_all(text.as_bytes())?;
+            child.wait_with_output()
+        })
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_issue(
+        &with("admin_token = \"x-0123456789abcdef\"\nadmin_token_env = \"X\""),
+        "server.admin_token_env",
+        "not both",
+    );
+
+    let (ok, _, stderr) = check(&with("admin_listen = \"0.0.0.0:9090\""));
+    assert!(ok, "{stderr}");
+    assert!(stderr.contains("warning: server.admin_listen: 0.0.0.0:9090 is not a loopback address"), "{stderr}");
+}
+
+#[test]
 fn check_command_reports_a_missing_file() {
     let out = Command::new(env!("CARGO_BIN_EXE_idemgate"))
         .args(["check", "--config", "/nonexistent/gateway.toml"])

@@ -71,8 +71,8 @@ async fn an_unknown_outcome_is_released_by_an_operator_and_then_runs_as_attempt_
     let client = gw.client();
     client.post_json("/orders", Some("reconcile"), ORDER).await;
     let admin = gw.admin_client();
-    let auth = [("authorization", "Bearer test-admin-token-0123456789")];
-    let path = "/keys?route=orders&key=reconcile&scope=Bearer%20tester";
+    let auth = [("authorization", "Bearer test-admin-token-0123456789"), ("scope-authorization", DEFAULT_AUTH)];
+    let path = "/keys?route=orders&key=reconcile";
     assert_eq!(admin.get(path, &auth).await.json()["state"], "unknown");
     let released = admin.send(Method::DELETE, path, &auth, "").await;
     assert_eq!(released.json()["was"], "unknown");
@@ -104,8 +104,8 @@ async fn a_refused_connection_was_not_sent_and_gives_its_attempt_back() {
     let r = gw.client().post_json("/orders", Some("refused"), ORDER).await;
     assert_eq!((r.status.as_u16(), r.problem().as_str()), (502, "upstream-unavailable"));
     // The attempt never left: the key is as if never claimed.
-    let auth = [("authorization", "Bearer test-admin-token-0123456789")];
-    let state = gw.admin_client().get("/keys?route=orders&key=refused&scope=Bearer%20tester", &auth).await;
+    let auth = [("authorization", "Bearer test-admin-token-0123456789"), ("scope-authorization", DEFAULT_AUTH)];
+    let state = gw.admin_client().get("/keys?route=orders&key=refused", &auth).await;
     assert_eq!((state.status.as_u16(), state.json()["state"].clone()), (404, "absent".into()));
     let metrics = String::from_utf8(gw.admin_client().get("/metrics", &[]).await.body.to_vec()).unwrap();
     assert!(metrics.contains(r#"idemgate_released_total{route="orders",reason="not_sent"} 1"#), "{metrics}");

@@ -67,6 +67,22 @@ async fn first_request_runs_once_and_retries_replay_it_byte_for_byte(store: Stor
     assert_eq!(upstream.executions(), 1);
 }
 
+async fn replays_carry_a_fresh_date_and_only_allowed_headers(store: StoreKind) {
+    let (upstream, _gw, client) =
+        setup(&store, r#"replay_headers = ["content-type", "x-execution"]"#, Behavior::default()).await;
+    let first = client.post_json("/orders", Some("dated"), ORDER).await;
+    let first_date = httpdate::parse_http_date(first.header("date").unwrap()).unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let again = client.post_json("/orders", Some("dated"), ORDER).await;
+    assert!(again.is_replay());
+    let replay_date = httpdate::parse_http_date(again.header("date").unwrap()).unwrap();
+    assert!(replay_date > first_date, "a replay is dated when it is sent");
+    assert_eq!(again.header("x-execution"), Some("1"));
+    assert_eq!(again.header("content-type"), Some("application/json"));
+    assert_eq!(again.header("set-cookie"), None, "never stored, even if listed");
+    assert_eq!(upstream.executions(), 1);
+}
+
 async fn changed_body_is_422_but_reordered_keys_and_ignored_fields_replay(store: StoreKind) {
     let (upstream, _gw, client) = setup(&store, r#"ignore = ["/client_ts"]"#, Behavior::default()).await;
     let first = client.post_json("/orders", Some("k"), ORDER).await;
@@ -514,10 +530,10 @@ async fn admin_reports_health_readiness_metrics_and_keys(store: StoreKind) {
     assert!(metrics.contains(r#"idemgate_requests_total{route="orders",outcome="replayed"} 1"#), "{metrics}");
 
     // The scope is the caller's credential, as the route's scope source reads it.
-    let path = "/keys?route=orders&key=m&scope=Bearer%20tester";
+    let path = "/keys?route=orders&key=m";
     assert_eq!(admin.get(path, &[]).await.status, 401);
     assert_eq!(admin.get(path, &[("authorization", "Bearer wrong-token-wrong-token")]).await.status, 401);
-    let auth = [("authorization", "Bearer test-admin-token-0123456789")];
+    let auth = [("authorization", "Bearer test-admin-token-0123456789"), ("scope-authorization", DEFAULT_AUTH)];
     let r = admin.get(path, &auth).await;
     assert_eq!(r.status, 200);
     assert_eq!(r.json()["state"], "completed");
@@ -531,6 +547,8 @@ async fn admin_reports_health_readiness_metrics_and_keys(store: StoreKind) {
     assert!(!again.is_replay(), "a released key runs again");
     assert_eq!(upstream_attempts(&again), None, "the client does not see the attempt header");
     // The same record, found by the scope's hash instead of the credential.
+    let in_url = admin.get("/keys?route=orders&key=m&scope=Bearer%20tester", &auth).await;
+    assert_eq!(in_url.status, 400, "a credential in the URL is refused");
     let hash = record_scope_hash(&gw);
     let r = admin.get(&format!("/keys?route=orders&key=m&scope_hash={hash}"), &auth).await;
     assert_eq!((r.json()["state"].clone(), r.json()["attempt"].clone()), ("completed".into(), 2.into()));
@@ -561,6 +579,7 @@ macro_rules! on_both_backends {
 
 on_both_backends!(
     first_request_runs_once_and_retries_replay_it_byte_for_byte,
+    replays_carry_a_fresh_date_and_only_allowed_headers,
     changed_body_is_422_but_reordered_keys_and_ignored_fields_replay,
     malformed_keys_are_400_and_never_forwarded,
     bodies_over_the_limit_are_413_before_anything_is_claimed,

@@ -36,6 +36,8 @@ pub struct ServerSection {
     pub admin_listen: Option<String>,
     /// Bearer token that guards the admin key inspect/purge endpoints; they are off without it.
     pub admin_token: Option<String>,
+    /// Name of an environment variable holding the admin token (instead of `admin_token`).
+    pub admin_token_env: Option<String>,
     /// How long in-flight exchanges may run on after SIGTERM before their keys are released.
     pub shutdown_grace: Option<HumanDuration>,
     /// Prefix of the `type` URI of problem+json error responses; the error's slug is appended.
@@ -148,6 +150,8 @@ pub struct IdempotencySection {
     /// Extra response headers never stored (Set-Cookie, WWW-Authenticate, Proxy-* and
     /// hop-by-hop headers are never stored in any case).
     pub exclude_headers: Option<Vec<String>>,
+    /// When set, the only response headers stored for replay.
+    pub replay_headers: Option<Vec<String>>,
     /// `"fail-closed"` (503, nothing forwarded) or `"fail-open"` (forward, store nothing).
     pub on_store_error: Option<String>,
     /// Header added to replayed responses.

@@ -1,5 +1,8 @@
 //! Configuration: `gateway.toml`, read once, validated in full, then immutable.
 //!
+//! This is where environment variables named by the file (`admin_token_env`) are read; the
+//! log filter (`RUST_LOG`) is read by the binary, and nothing else reads the environment.
+//!
 //! Loading has three layers: [`file`] is the schema as written (serde, unknown keys denied),
 //! [`units`] parses durations and sizes, and [`validate`] checks every value and builds the
 //! runtime types the request path uses. Every error names the file, the key and the reason,
@@ -239,7 +242,7 @@ impl Config {
         })?;
         let mut issues = read.issues;
         let config = match read.file {
-            Some(file) => match validate::build(file) {
+            Some(file) => match validate::build(file, &|name| std::env::var(name).ok()) {
                 Ok(mut config) => {
                     config.warnings = validate::warnings(&config)
                         .into_iter()

@@ -14,7 +14,7 @@ use super::file::{self, File, IdempotencySection, OneOrMany, StatusEntry};
 use super::units::{HumanDuration, HumanSize};
 use super::{Config, Issue, Limits, RouteConfig, ServerConfig, StoreBackendConfig, StoreConfig, UpstreamConfig};
 use crate::forwarded::TrustedProxies;
-use crate::headers;
+use crate::headers::{self, StoredHeaders};
 use crate::idempotent::fingerprint::{FingerprintSpec, JsonPointer};
 use crate::idempotent::policy::{IdempotencyPolicy, StatusSet, StoreFailurePolicy, UnknownOutcomePolicy};
 use crate::idempotent::scope::{MissingScope, ScopeSource};
@@ -76,9 +76,11 @@ impl Issues {
     }
 }
 
-pub(super) fn build(file: File) -> Result<Config, Vec<Issue>> {
+/// Builds the runtime config; `env` looks up environment variables (the secrets a file may
+/// name instead of holding).
+pub(super) fn build(file: File, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, Vec<Issue>> {
     let mut issues = Issues::default();
-    let server = server(&file.server, &mut issues);
+    let server = server(&file.server, env, &mut issues);
     let store = store(&file.store, &mut issues);
     let upstreams: Vec<UpstreamConfig> =
         file.upstreams.iter().filter_map(|(name, section)| upstream(name, section, &mut issues)).collect();
@@ -89,7 +91,7 @@ pub(super) fn build(file: File) -> Result<Config, Vec<Issue>> {
     }
 }
 
-fn server(s: &file::ServerSection, issues: &mut Issues) -> Option<ServerConfig> {
+fn server(s: &file::ServerSection, env: &dyn Fn(&str) -> Option<String>, issues: &mut Issues) -> Option<ServerConfig> {
     let listen = issues.check("server.listen", socket_addr(&s.listen));
     let admin_listen = s.admin_listen.as_ref().and_then(|a| issues.check("server.admin_listen", socket_addr(a)));
     if let (Some(l), Some(a)) = (listen, admin_listen)
@@ -98,9 +100,27 @@ fn server(s: &file::ServerSection, issues: &mut Issues) -> Option<ServerConfig> 
     {
         issues.add("server.admin_listen", "must differ from server.listen");
     }
-    if s.admin_token.as_deref().is_some_and(|t| t.trim().len() < 16) {
-        issues.add("server.admin_token", "must be at least 16 characters (it guards key purges)");
+    let admin_token = match (&s.admin_token, &s.admin_token_env) {
+        (Some(_), Some(_)) => {
+            issues.add("server.admin_token_env", "give admin_token or admin_token_env, not both");
+            None
+        }
+        (Some(token), None) => Some((token.clone(), "server.admin_token")),
+        (None, Some(var)) => match env(var) {
+            Some(token) => Some((token, "server.admin_token_env")),
+            None => {
+                issues.add("server.admin_token_env", format!("the environment variable {var:?} is not set"));
+                None
+            }
+        },
+        (None, None) => None,
+    };
+    if let Some((token, key)) = &admin_token
+        && token.trim().len() < 16
+    {
+        issues.add(*key, "the token must be at least 16 characters (it guards key purges)");
     }
+    let admin_token = admin_token.map(|(token, _)| token);
     let problem_base = s.problem_base.clone().unwrap_or_else(|| defaults::PROBLEM_BASE.to_owned());
     if problem_base.parse::<Uri>().map_or(true, |u| u.scheme().is_none()) {
         issues.add("server.problem_base", format!("{problem_base:?} is not an absolute URI"));
@@ -115,7 +135,7 @@ fn server(s: &file::ServerSection, issues: &mut Issues) -> Option<ServerConfig> 
         worker_threads: s.worker_threads,
         listen: listen?,
         admin_listen,
-        admin_token: s.admin_token.clone(),
+        admin_token,
         shutdown_grace: s.shutdown_grace.map_or(defaults::SHUTDOWN_GRACE, |d| d.0),
         problem_base,
         limits: limits?,
@@ -365,6 +385,10 @@ fn policy(key: &str, s: &IdempotencySection, issues: &mut Issues) -> Option<Idem
         .flatten()
         .filter_map(|h| header_name(issues, &format!("{key}.exclude_headers"), h))
         .collect();
+    let replay_headers: Option<Vec<HeaderName>> = s
+        .replay_headers
+        .as_ref()
+        .map(|names| names.iter().filter_map(|h| header_name(issues, &format!("{key}.replay_headers"), h)).collect());
     let on_store_error = issues.check(
         &format!("{key}.on_store_error"),
         StoreFailurePolicy::parse(s.on_store_error.as_deref().unwrap_or("fail-closed")),
@@ -390,7 +414,7 @@ fn policy(key: &str, s: &IdempotencySection, issues: &mut Issues) -> Option<Idem
         store_statuses: store_statuses?,
         max_request_body: max_request_body?,
         max_stored_body: max_stored_body?,
-        exclude_headers,
+        stored_headers: StoredHeaders { allow: replay_headers, exclude: exclude_headers },
         on_store_error: on_store_error?,
         replay_header: replay_header?,
     })
@@ -457,6 +481,14 @@ fn body_limit(issues: &mut Issues, key: &str, value: Option<HumanSize>, default:
 ///   store calls too, to land before it passes.
 pub(super) fn warnings(config: &Config) -> Vec<Issue> {
     let mut out = Issues::default();
+    if let Some(admin) = config.server.admin_listen
+        && !admin.ip().is_loopback()
+    {
+        out.add(
+            "server.admin_listen",
+            format!("{admin} is not a loopback address: keep the admin listener (metrics, key release) off networks clients reach"),
+        );
+    }
     for (i, route) in config.routes.iter().enumerate() {
         let Some(policy) = &route.idempotency else { continue };
         let key = format!("routes[{i}].idempotency.lease");

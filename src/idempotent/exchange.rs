@@ -121,7 +121,7 @@ impl Exchange {
             Ended::Whole(parts, body) if policy.store_statuses.contains(parts.status) => {
                 let stored = StoredResponse {
                     status: parts.status,
-                    headers: headers::storable(&parts.headers, &policy.exclude_headers),
+                    headers: headers::storable(&parts.headers, &policy.stored_headers),
                     body: body.clone(),
                 };
                 // Settled before the client hears the answer, so that its retry finds it. If the
@@ -144,7 +144,7 @@ impl Exchange {
             Ended::Streamed(parts, body, end) if policy.store_statuses.contains(parts.status) => {
                 let head = StoredResponse {
                     status: parts.status,
-                    headers: headers::storable(&parts.headers, &policy.exclude_headers),
+                    headers: headers::storable(&parts.headers, &policy.stored_headers),
                     body: Bytes::new(),
                 };
                 // The client gets the stream now; the key is settled once it has ended.

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use http::{HeaderName, StatusCode};
 
+use crate::headers::StoredHeaders;
 use crate::idempotent::fingerprint::FingerprintSpec;
 use crate::idempotent::scope::{MissingScope, ScopeSource};
 
@@ -37,8 +38,8 @@ pub struct IdempotencyPolicy {
     pub max_request_body: usize,
     /// Largest response body stored.
     pub max_stored_body: usize,
-    /// Response headers never stored, besides the ones that never are.
-    pub exclude_headers: Vec<HeaderName>,
+    /// Which response headers are stored for replay.
+    pub stored_headers: StoredHeaders,
     /// What happens when the store cannot be reached.
     pub on_store_error: StoreFailurePolicy,
     /// Header that marks replayed responses.

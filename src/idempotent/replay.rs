@@ -14,6 +14,7 @@ use crate::store::StoredResponse;
 pub fn respond(stored: StoredResponse, replay_header: &HeaderName) -> Response<Body> {
     let StoredResponse { status, mut headers, body } = stored;
     headers.insert(replay_header.clone(), HeaderValue::from_static("true"));
+    headers.insert(header::DATE, now());
     let mut response = Response::new(body::full(body));
     *response.status_mut() = status;
     *response.headers_mut() = headers;
@@ -32,5 +33,13 @@ pub fn not_stored(head: StoredResponse, replay_header: &HeaderName, problem_base
         }
     }
     response.headers_mut().insert(replay_header.clone(), HeaderValue::from_static("true"));
+    response.headers_mut().insert(header::DATE, now());
     response
+}
+
+/// `Date` for a replay: when it is sent, not when the first answer was (RFC 9110 §6.6.1).
+fn now() -> HeaderValue {
+    // An HTTP date is ASCII; the fallback is unreachable.
+    HeaderValue::from_str(&httpdate::fmt_http_date(std::time::SystemTime::now()))
+        .unwrap_or(HeaderValue::from_static("Thu, 01 Jan 1970 00:00:00 GMT"))
 }
