@@ -50,6 +50,9 @@ pub enum GatewayError {
         /// What is wrong with it.
         detail: &'static str,
     },
+    /// A protocol upgrade (WebSocket) on an idempotent route.
+    #[error("protocol upgrade on an idempotent route")]
+    UpgradeRefused,
     /// Too many upstream exchanges run at once (in all, or for this connection).
     #[error("too many requests running upstream")]
     Overloaded,
@@ -110,6 +113,7 @@ impl GatewayError {
             Self::Body(BodyError::Read(_)) => "body-unreadable",
             Self::Scope(_) => "scope-missing",
             Self::BadHost { .. } => "bad-host",
+            Self::UpgradeRefused => "upgrade-refused",
             Self::Overloaded => "overloaded",
             Self::Body(BodyError::Timeout { .. }) => "body-timeout",
             Self::ConnectionHeader { .. } => "connection-header",
@@ -132,7 +136,8 @@ impl GatewayError {
             | Self::Body(BodyError::Read(_))
             | Self::Scope(_)
             | Self::ConnectionHeader { .. }
-            | Self::BadHost { .. } => StatusCode::BAD_REQUEST,
+            | Self::BadHost { .. }
+            | Self::UpgradeRefused => StatusCode::BAD_REQUEST,
             Self::Body(BodyError::Timeout { .. }) => StatusCode::REQUEST_TIMEOUT,
             Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
             Self::OutcomeUnknown { timed_out: true } => StatusCode::GATEWAY_TIMEOUT,
@@ -158,6 +163,7 @@ impl GatewayError {
             Self::Body(BodyError::Read(_)) => "Request body unreadable",
             Self::Scope(_) => "Idempotency scope missing",
             Self::BadHost { .. } => "Bad Host header",
+            Self::UpgradeRefused => "Protocol upgrade refused",
             Self::Overloaded => "Gateway overloaded",
             Self::Body(BodyError::Timeout { .. }) => "Request body too slow",
             Self::ConnectionHeader { .. } => "Connection header names a needed header",
@@ -187,6 +193,10 @@ impl GatewayError {
                 limit.as_secs_f64()
             ),
             Self::BadHost { detail } => format!("{detail} HTTP/1.1 requests carry exactly one."),
+            Self::UpgradeRefused => "This route makes requests idempotent by storing their one answer; a \
+                switched protocol (such as a WebSocket) has none. Open it on a route without \
+                idempotency."
+                .into(),
             Self::Overloaded => "The gateway is running as many upstream requests as it allows; this one \
                 was not forwarded. Retry with the same key after Retry-After."
                 .into(),

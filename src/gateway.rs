@@ -206,6 +206,7 @@ fn outcome_of(e: &GatewayError) -> Outcome {
         | GatewayError::Scope(_)
         | GatewayError::ConnectionHeader { .. }
         | GatewayError::BadHost { .. }
+        | GatewayError::UpgradeRefused
         | GatewayError::NoRoute { .. } => Outcome::Rejected,
         GatewayError::Overloaded => Outcome::Overloaded,
         GatewayError::OutcomeUnknown { .. } => Outcome::OutcomeUnknown,

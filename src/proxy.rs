@@ -2,9 +2,16 @@
 //!
 //! Neither body is buffered: the request streams to the upstream and the response streams
 //! back, so large uploads and downloads cost the gateway no memory.
+//!
+//! A protocol upgrade (`Upgrade: websocket`) is bridged: the request goes upstream with its
+//! `Upgrade` and `Connection: upgrade`, and when the upstream switches protocols (101), the
+//! two connections are joined byte for byte until either side closes. (Idempotent routes
+//! refuse upgrades: a stream of messages has no single answer to store.)
 
-use http::{Request, Response};
+use http::header::{CONNECTION, UPGRADE};
+use http::{HeaderValue, Request, Response, StatusCode};
 use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
 
 use crate::body::{self, Body};
 use crate::forwarded::Peer;
@@ -14,16 +21,61 @@ use crate::upstream::{Upstream, UpstreamError};
 /// Forwards `request` to `upstream` and relays the response.
 pub async fn forward(
     upstream: &Upstream,
-    request: Request<Body>,
+    mut request: Request<Body>,
     peer: &Peer,
 ) -> Result<Response<Body>, UpstreamError> {
+    let upgrade = upgrade_requested(request.headers());
+    let client_side = upgrade.is_some().then(|| hyper::upgrade::on(&mut request));
     let (mut parts, body) = request.into_parts();
     upstream.prepare(&mut parts, peer);
+    if let Some(protocol) = &upgrade {
+        // Hop-by-hop, so `prepare` removed them; an upgrade is the one hop they are for.
+        parts.headers.insert(UPGRADE, protocol.clone());
+        parts.headers.insert(CONNECTION, HeaderValue::from_static("upgrade"));
+    }
     // The deadline covers the response head; the body then streams as long as it flows.
-    let response = tokio::time::timeout(upstream.timeout(), upstream.send(Request::from_parts(parts, body)))
+    let mut response = tokio::time::timeout(upstream.timeout(), upstream.send(Request::from_parts(parts, body)))
         .await
         .map_err(|_| upstream.timed_out())??;
-    Ok(relay(response))
+    match client_side {
+        Some(client_side) if response.status() == StatusCode::SWITCHING_PROTOCOLS => {
+            let upstream_side = hyper::upgrade::on(&mut response);
+            let protocol = response.headers().get(UPGRADE).cloned();
+            tokio::spawn(bridge(client_side, upstream_side));
+            let mut switched = relay(response);
+            if let Some(protocol) = protocol {
+                switched.headers_mut().insert(UPGRADE, protocol);
+            }
+            switched.headers_mut().insert(CONNECTION, HeaderValue::from_static("upgrade"));
+            Ok(switched)
+        }
+        _ => Ok(relay(response)),
+    }
+}
+
+/// The protocol a request asks to switch to: `Upgrade` with `upgrade` among the `Connection`
+/// tokens (RFC 9110 §7.8).
+pub fn upgrade_requested(headers: &http::HeaderMap) -> Option<HeaderValue> {
+    let asks = headers
+        .get_all(CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|token| token.trim().eq_ignore_ascii_case("upgrade"));
+    asks.then(|| headers.get(UPGRADE).cloned()).flatten()
+}
+
+/// Joins the client's and the upstream's upgraded connections until either closes.
+async fn bridge(client: hyper::upgrade::OnUpgrade, upstream: hyper::upgrade::OnUpgrade) {
+    match tokio::try_join!(client, upstream) {
+        Ok((client, upstream)) => {
+            let (mut client, mut upstream) = (TokioIo::new(client), TokioIo::new(upstream));
+            if let Err(e) = tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
+                tracing::debug!(error = %e, "upgraded connection ended with an error");
+            }
+        }
+        Err(e) => tracing::debug!(error = %e, "protocol upgrade did not complete"),
+    }
 }
 
 /// The upstream's response as the client gets it: hop-by-hop headers removed, and in the

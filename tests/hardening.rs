@@ -206,6 +206,47 @@ async fn an_http10_upstream_answers_http11_clients_in_http11_and_keeps_them_aliv
     }
 }
 
+// ---- upgrades -------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_is_bridged_on_a_pass_through_route_and_refused_on_an_idempotent_one() {
+    let upstream = RawUpstream::start(Misbehaviour::UpgradeEcho).await;
+    let gw = start(upstream.addr, "", "");
+    let mut stream = TcpStream::connect(gw.addr).await.unwrap();
+    stream
+        .write_all(
+            b"GET /chat HTTP/1.1\r\nhost: x\r\nconnection: Upgrade\r\nupgrade: websocket\r\n\
+              sec-websocket-version: 13\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = stream.read(&mut buf).await.unwrap();
+    let head = String::from_utf8_lossy(&buf[..n]).to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 101"), "{head}");
+    assert!(head.contains("upgrade: websocket"), "{head}");
+    // A masked WebSocket text frame "hello", echoed back by the upstream through the bridge.
+    let frame = [0x81, 0x85, 1, 2, 3, 4, b'h' ^ 1, b'e' ^ 2, b'l' ^ 3, b'l' ^ 4, b'o' ^ 1];
+    for _ in 0..3 {
+        stream.write_all(&frame).await.unwrap();
+        let mut echoed = [0u8; 11];
+        stream.read_exact(&mut echoed).await.unwrap();
+        assert_eq!(echoed, frame);
+    }
+    assert_eq!(upstream.header_values("upgrade"), [Some("websocket".into())], "the upgrade reached the upstream");
+
+    let mut stream = TcpStream::connect(gw.addr).await.unwrap();
+    let request = format!(
+        "POST /orders HTTP/1.1\r\nhost: x\r\nauthorization: {DEFAULT_AUTH}\r\nidempotency-key: ws\r\n\
+         connection: upgrade\r\nupgrade: websocket\r\ncontent-length: 0\r\n\r\n"
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let (raw, _) = read_until_closed(&mut stream, Duration::from_secs(2)).await;
+    assert_eq!(status_of(&raw), 400);
+    assert!(String::from_utf8_lossy(&raw).contains("upgrade-refused"));
+    assert_eq!(upstream.executions(), 1);
+}
+
 // ---- exchanges and resets --------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -56,6 +56,9 @@ pub async fn handle(
         return Ok((Outcome::PassedThrough, response));
     };
     check_connection(request.headers(), policy)?;
+    if proxy::upgrade_requested(request.headers()).is_some() {
+        return Err(GatewayError::UpgradeRefused);
+    }
     let scope = scope::derive(&policy.scope, policy.on_missing_scope, request.headers())?;
     let (mut parts, body) = request.into_parts();
     let body = body::read_bounded(&parts.headers, body, policy.max_request_body, gw.body_read_timeout).await?;

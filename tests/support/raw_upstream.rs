@@ -18,6 +18,8 @@ pub enum Misbehaviour {
     Answer,
     /// Answers `HTTP/1.0 200 OK` and closes, as an old server does.
     AnswerHttp10,
+    /// Accepts a WebSocket upgrade (101) and then echoes every byte back.
+    UpgradeEcho,
 }
 
 pub struct RawUpstream {
@@ -100,6 +102,26 @@ async fn serve(mut stream: TcpStream, heads: Arc<Mutex<Vec<String>>>, mode: Arc<
             Misbehaviour::HalfBody => {
                 let _ = stream.write_all(b"HTTP/1.1 201 Created\r\ncontent-length: 100\r\n\r\n0123456789").await;
                 return;
+            }
+            Misbehaviour::UpgradeEcho => {
+                let switched = b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade\r\n\r\n";
+                if stream.write_all(switched).await.is_err() {
+                    return;
+                }
+                // Bytes that came with the head belong to the new protocol.
+                if !buf.is_empty() && stream.write_all(&buf).await.is_err() {
+                    return;
+                }
+                loop {
+                    match stream.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => {
+                            if stream.write_all(&chunk[..n]).await.is_err() {
+                                return;
+                            }
+                        }
+                    }
+                }
             }
             Misbehaviour::AnswerHttp10 => {
                 let _ = stream
