@@ -50,6 +50,12 @@ pub enum GatewayError {
         /// What is wrong with it.
         detail: &'static str,
     },
+    /// The caller used up its budget of new keys on this route.
+    #[error("too many new idempotency keys")]
+    TooManyNewKeys {
+        /// Until the budget's window ends.
+        retry_after: Duration,
+    },
     /// A protocol upgrade (WebSocket) on an idempotent route.
     #[error("protocol upgrade on an idempotent route")]
     UpgradeRefused,
@@ -114,6 +120,7 @@ impl GatewayError {
             Self::Scope(_) => "scope-missing",
             Self::BadHost { .. } => "bad-host",
             Self::UpgradeRefused => "upgrade-refused",
+            Self::TooManyNewKeys { .. } => "too-many-new-keys",
             Self::Overloaded => "overloaded",
             Self::Body(BodyError::Timeout { .. }) => "body-timeout",
             Self::ConnectionHeader { .. } => "connection-header",
@@ -140,6 +147,7 @@ impl GatewayError {
             | Self::UpgradeRefused => StatusCode::BAD_REQUEST,
             Self::Body(BodyError::Timeout { .. }) => StatusCode::REQUEST_TIMEOUT,
             Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
+            Self::TooManyNewKeys { .. } => StatusCode::TOO_MANY_REQUESTS,
             Self::OutcomeUnknown { timed_out: true } => StatusCode::GATEWAY_TIMEOUT,
             Self::OutcomeUnknown { timed_out: false } => StatusCode::BAD_GATEWAY,
             Self::ResponseNotStored { status } => *status,
@@ -164,6 +172,7 @@ impl GatewayError {
             Self::Scope(_) => "Idempotency scope missing",
             Self::BadHost { .. } => "Bad Host header",
             Self::UpgradeRefused => "Protocol upgrade refused",
+            Self::TooManyNewKeys { .. } => "Too many new idempotency keys",
             Self::Overloaded => "Gateway overloaded",
             Self::Body(BodyError::Timeout { .. }) => "Request body too slow",
             Self::ConnectionHeader { .. } => "Connection header names a needed header",
@@ -196,6 +205,10 @@ impl GatewayError {
             Self::UpgradeRefused => "This route makes requests idempotent by storing their one answer; a \
                 switched protocol (such as a WebSocket) has none. Open it on a route without \
                 idempotency."
+                .into(),
+            Self::TooManyNewKeys { .. } => "You sent more new idempotency keys on this route than it allows \
+                per caller; the request was not forwarded. Retries of requests already sent are not \
+                limited. Retry after Retry-After."
                 .into(),
             Self::Overloaded => "The gateway is running as many upstream requests as it allows; this one \
                 was not forwarded. Retry with the same key after Retry-After."
@@ -250,7 +263,7 @@ impl GatewayError {
 
     fn retry_after(&self) -> Option<Duration> {
         match self {
-            Self::InFlight { retry_after } => Some(*retry_after),
+            Self::InFlight { retry_after } | Self::TooManyNewKeys { retry_after } => Some(*retry_after),
             Self::StoreUnavailable(_) | Self::ShuttingDown | Self::Overloaded => Some(Duration::from_secs(1)),
             _ => None,
         }

@@ -209,6 +209,7 @@ fn outcome_of(e: &GatewayError) -> Outcome {
         | GatewayError::UpgradeRefused
         | GatewayError::NoRoute { .. } => Outcome::Rejected,
         GatewayError::Overloaded => Outcome::Overloaded,
+        GatewayError::TooManyNewKeys { .. } => Outcome::QuotaExceeded,
         GatewayError::OutcomeUnknown { .. } => Outcome::OutcomeUnknown,
         GatewayError::ResponseNotStored { .. } => Outcome::Replayed,
         GatewayError::Mismatch => Outcome::Mismatch,

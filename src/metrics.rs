@@ -42,6 +42,8 @@ pub enum Outcome {
     Bypassed,
     /// Too many exchanges running (503 overloaded); nothing forwarded.
     Overloaded,
+    /// The caller's budget of new keys was spent (429); nothing forwarded.
+    QuotaExceeded,
     /// Route without idempotency, or optional key absent.
     PassedThrough,
     /// Upstream unreachable, failed or timed out (502, 504).
@@ -63,6 +65,7 @@ impl Outcome {
             Self::StoreUnavailable => "store_unavailable",
             Self::Bypassed => "bypassed",
             Self::Overloaded => "overloaded",
+            Self::QuotaExceeded => "quota_exceeded",
             Self::PassedThrough => "passed_through",
             Self::UpstreamFailed => "upstream_failed",
             Self::Internal => "internal",
@@ -84,6 +87,7 @@ impl Label for Outcome {
         Self::UpstreamFailed,
         Self::Internal,
         Self::Overloaded,
+        Self::QuotaExceeded,
     ];
     fn index(self) -> usize {
         match self {
@@ -99,6 +103,7 @@ impl Label for Outcome {
             Self::UpstreamFailed => 9,
             Self::Internal => 10,
             Self::Overloaded => 11,
+            Self::QuotaExceeded => 12,
         }
     }
 }

@@ -325,6 +325,30 @@ async fn a_store_blip_after_the_upstream_answered_does_not_lose_the_answer() {
     assert_eq!(upstream.executions_by_key()["blip"], 1);
 }
 
+// ---- quotas ---------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_budget_of_new_keys_is_shared_by_every_gateway_and_spares_retries() {
+    let upstream = TestUpstream::start().await;
+    // Two gateways on one Redis, one key prefix: one budget per caller.
+    let toml = config(&redis(), upstream.addr, r#"max_new_keys = "3/30s""#);
+    let (a, b) = (TestGateway::start(&toml).await, TestGateway::start(&toml).await);
+    let (ca, cb) = (a.client(), b.client());
+    for (client, key) in [(&ca, "q1"), (&cb, "q2"), (&ca, "q3")] {
+        assert_eq!(client.post_json("/orders", Some(key), ORDER).await.status, 201);
+    }
+    let over = cb.post_json("/orders", Some("q4"), ORDER).await;
+    assert_eq!((over.status.as_u16(), over.problem().as_str()), (429, "too-many-new-keys"));
+    let retry_after: u64 = over.header("retry-after").unwrap().parse().unwrap();
+    assert!((1..=30).contains(&retry_after), "{retry_after}");
+    // Retries of keys already sent are not new keys.
+    assert!(ca.post_json("/orders", Some("q1"), ORDER).await.is_replay());
+    // Another caller has a budget of its own.
+    let other = cb.post_json_as("/orders", Some("q4"), Some("Bearer someone-else"), ORDER).await;
+    assert_eq!(other.status, 201);
+    assert_eq!(upstream.executions(), 4, "the refused key never reached the upstream");
+}
+
 // ---- lease loss ----------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -14,8 +14,8 @@ use idemgate::idempotent::fingerprint::Fingerprint;
 use idemgate::idempotent::key;
 use idemgate::idempotent::scope::{self, MissingScope, ScopeSource};
 use idemgate::store::{
-    Backend, Claim, EntryState, Final, Lease, MemoryStore, OwnerToken, RecordKey, RedisStore, Renewal, Sent, Settled,
-    Store, StoredResponse,
+    Backend, Claim, EntryState, Final, Lease, MemoryStore, OwnerToken, QuotaKey, RecordKey, RedisStore, Renewal, Sent,
+    Settled, Store, StoredResponse,
 };
 use support::redis::RedisServer;
 
@@ -305,6 +305,20 @@ async fn keys_are_independent(store: Backend, p: String) {
     assert!(matches!(claim(&store, &record(&p, "a"), fp(1)).await, Claim::Completed(_)));
 }
 
+async fn new_key_budgets_count_within_their_window(store: Backend, p: String) {
+    let scope = scope::derive(&ScopeSource::Global, MissingScope::Reject, &HeaderMap::new()).unwrap();
+    let budget = QuotaKey::new(&p, "orders", &scope);
+    let window = Duration::from_millis(300);
+    let (first, left) = store.count_new_key(&budget, window).await.unwrap();
+    assert_eq!(first, 1);
+    assert!(left > Duration::ZERO && left <= window, "{left:?}");
+    assert_eq!(store.count_new_key(&budget, window).await.unwrap().0, 2);
+    let other = QuotaKey::new(&p, "payments", &scope);
+    assert_eq!(store.count_new_key(&other, window).await.unwrap().0, 1, "each route has its own budget");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(store.count_new_key(&budget, window).await.unwrap().0, 1, "a new window starts over");
+}
+
 async fn ping_answers(store: Backend, _p: String) {
     store.ping().await.unwrap();
 }
@@ -358,6 +372,7 @@ contract!(
     watch_fires_on_complete_and_release_of_its_key_only,
     concurrent_claims_acquire_exactly_once,
     keys_are_independent,
+    new_key_budgets_count_within_their_window,
     ping_answers,
 );
 

@@ -161,6 +161,8 @@ pub struct IdempotencySection {
     pub on_unknown_outcome: Option<String>,
     /// Header carrying the execution attempt to the upstream; `""` sends none.
     pub attempt_header: Option<String>,
+    /// New keys allowed per caller: `"100/s"`, `"6000/m"`, `"50/10s"`; no limit when absent.
+    pub max_new_keys: Option<String>,
 }
 
 /// A value written as one string or as a list of strings.

@@ -16,7 +16,7 @@ use super::{Config, Issue, Limits, RouteConfig, ServerConfig, StoreBackendConfig
 use crate::forwarded::TrustedProxies;
 use crate::headers::{self, StoredHeaders};
 use crate::idempotent::fingerprint::{FingerprintSpec, JsonPointer};
-use crate::idempotent::policy::{IdempotencyPolicy, StatusSet, StoreFailurePolicy, UnknownOutcomePolicy};
+use crate::idempotent::policy::{IdempotencyPolicy, Quota, StatusSet, StoreFailurePolicy, UnknownOutcomePolicy};
 use crate::idempotent::scope::{MissingScope, ScopeSource};
 use crate::router::{RouteSpec, Router, RouterError};
 
@@ -385,6 +385,10 @@ fn policy(key: &str, s: &IdempotencySection, issues: &mut Issues) -> Option<Idem
         .flatten()
         .filter_map(|h| header_name(issues, &format!("{key}.exclude_headers"), h))
         .collect();
+    let max_new_keys = match &s.max_new_keys {
+        None => Some(None),
+        Some(text) => issues.check(&format!("{key}.max_new_keys"), Quota::parse(text)).map(Some),
+    };
     let replay_headers: Option<Vec<HeaderName>> = s
         .replay_headers
         .as_ref()
@@ -406,6 +410,7 @@ fn policy(key: &str, s: &IdempotencySection, issues: &mut Issues) -> Option<Idem
         on_missing_scope: on_missing_scope?,
         on_unknown_outcome: on_unknown_outcome?,
         attempt_header: attempt_header?,
+        max_new_keys: max_new_keys?,
         fingerprint: FingerprintSpec { ignore, headers: fingerprint_headers },
         lease,
         renew: s.renew.unwrap_or(true),

@@ -33,7 +33,7 @@ use crate::gateway::Gateway;
 use crate::metrics::Outcome;
 use crate::proxy;
 use crate::route::Route;
-use crate::store::{Claim, Lease, OwnerToken, RecordKey};
+use crate::store::{Claim, Lease, OwnerToken, QuotaKey, RecordKey, Store};
 
 use self::exchange::{Exchange, ExchangeSlots};
 use self::key::KeyError;
@@ -96,17 +96,23 @@ pub async fn handle(
     match claim {
         Claim::Acquired(lease) => {
             tracing::debug!(route = %route.name, key = record.short(), attempt = lease.attempt(), "claimed");
-            // Checked after the claim so that replays are never refused for load; a refused
-            // exchange gives its claim (and its attempt number) back.
-            let Some(slots) = exchange_slots(gw, connection) else {
-                let (key, owner, ttl) = lease.into_release();
-                claim::release_unsent(gw, route, &key, owner, ttl).await;
-                return Err(GatewayError::Overloaded);
+            // Checked after the claim so that replays and retries are never refused for load
+            // or quota; a refused exchange gives its claim (and its attempt number) back.
+            let refused = match exchange_slots(gw, connection) {
+                None => Some(GatewayError::Overloaded),
+                Some(slots) => match new_key_budget(gw, route, policy, &scope, &lease).await {
+                    Some(exceeded) => Some(exceeded),
+                    None => {
+                        route.upstream.prepare(&mut parts, peer);
+                        let mut exchange = exchange(gw, route, policy, lease, true, Request::from_parts(parts, body));
+                        exchange.slots = Some(slots);
+                        return Ok((Outcome::Executed, exchange.spawn(&gw.exchanges).await?));
+                    }
+                },
             };
-            route.upstream.prepare(&mut parts, peer);
-            let mut exchange = exchange(gw, route, policy, lease, true, Request::from_parts(parts, body));
-            exchange.slots = Some(slots);
-            Ok((Outcome::Executed, exchange.spawn(&gw.exchanges).await?))
+            let (key, owner, ttl) = lease.into_release();
+            claim::release_unsent(gw, route, &key, owner, ttl).await;
+            Err(refused.unwrap_or(GatewayError::Overloaded))
         }
         Claim::Completed(stored) => Ok((Outcome::Replayed, replay::respond(stored, &policy.replay_header))),
         Claim::Executed(head) => {
@@ -115,6 +121,33 @@ pub async fn handle(
         Claim::Unknown { .. } => Err(GatewayError::OutcomeUnknown { timed_out: false }),
         Claim::InFlight { lease_left } => Err(GatewayError::InFlight { retry_after: lease_left }),
         Claim::Mismatch => Err(GatewayError::Mismatch),
+    }
+}
+
+/// Counts a new key against the caller's budget on this route (`max_new_keys`); the error
+/// when the budget is spent. Only first attempts count: a re-run of a released key is not a
+/// new key. A store that fails to count lets the request through (the claim just succeeded,
+/// so the store is up; the budget is a guard against floods, not a guarantee).
+async fn new_key_budget(
+    gw: &Gateway,
+    route: &Route,
+    policy: &IdempotencyPolicy,
+    scope: &scope::Scope,
+    lease: &Lease,
+) -> Option<GatewayError> {
+    let quota = policy.max_new_keys?;
+    if lease.attempt() != 1 {
+        return None;
+    }
+    let budget = QuotaKey::new(&gw.key_prefix, &route.name, scope);
+    match gw.store.count_new_key(&budget, quota.window).await {
+        Ok((count, left)) if count > quota.count => Some(GatewayError::TooManyNewKeys { retry_after: left }),
+        Ok(_) => None,
+        Err(e) => {
+            route.metrics.store_error();
+            tracing::warn!(route = %route.name, error = %e, "cannot count a new key; letting it through");
+            None
+        }
     }
 }
 

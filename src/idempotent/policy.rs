@@ -48,6 +48,36 @@ pub struct IdempotencyPolicy {
     pub on_unknown_outcome: UnknownOutcomePolicy,
     /// Header that tells the upstream which execution of the key this is; `None` sends none.
     pub attempt_header: Option<HeaderName>,
+    /// At most this many new keys per caller per window (`max_new_keys`), if set.
+    pub max_new_keys: Option<Quota>,
+}
+
+/// A budget of new keys: `count` per `window` (`"100/s"`, `"6000/m"`, `"50/10s"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Quota {
+    /// Keys allowed per window.
+    pub count: u64,
+    /// The window.
+    pub window: Duration,
+}
+
+impl Quota {
+    /// Parses `COUNT/UNIT` or `COUNT/DURATION`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let bad = || format!("{text:?} is not a rate like \"100/s\", \"6000/m\" or \"50/10s\"");
+        let (count, per) = text.split_once('/').ok_or_else(bad)?;
+        let count: u64 = count.trim().parse().ok().filter(|n| *n > 0).ok_or_else(bad)?;
+        let window = match per.trim() {
+            "s" => Duration::from_secs(1),
+            "m" => Duration::from_secs(60),
+            "h" => Duration::from_secs(3600),
+            other => humantime::parse_duration(other).map_err(|_| bad())?,
+        };
+        if window < Duration::from_millis(100) {
+            return Err(format!("{text:?}: the window must be at least 100ms"));
+        }
+        Ok(Self { count, window })
+    }
 }
 
 /// What happens to a key whose request was sent upstream without a complete answer coming
@@ -239,6 +269,16 @@ mod tests {
         let mut s = StatusSet::empty();
         for bad in ["6xx", "0xx", "99", "600", "ok", "2x"] {
             assert!(s.insert_text(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn quotas_parse() {
+        assert_eq!(Quota::parse("100/s"), Ok(Quota { count: 100, window: Duration::from_secs(1) }));
+        assert_eq!(Quota::parse("50/10s"), Ok(Quota { count: 50, window: Duration::from_secs(10) }));
+        assert_eq!(Quota::parse("6000/m").unwrap().window, Duration::from_secs(60));
+        for bad in ["100", "0/s", "x/s", "10/fortnight", "10/1ms"] {
+            assert!(Quota::parse(bad).is_err(), "{bad}");
         }
     }
 

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use super::waiters::Waiters;
 use super::{
-    Claim, Entry, EntryState, Final, Lease, OwnerToken, RecordKey, Renewal, Sent, Settled, Store, StoreError,
+    Claim, Entry, EntryState, Final, Lease, OwnerToken, QuotaKey, RecordKey, Renewal, Sent, Settled, Store, StoreError,
     StoredResponse, Watch,
 };
 use crate::idempotent::fingerprint::Fingerprint;
@@ -23,6 +23,8 @@ use crate::idempotent::fingerprint::Fingerprint;
 /// The in-process store.
 pub struct MemoryStore {
     inner: Mutex<Inner>,
+    /// New-key budgets: count and end of the current window.
+    quotas: Mutex<HashMap<QuotaKey, (u64, Instant)>>,
     waiters: Arc<Waiters>,
     max_entries: usize,
     max_bytes: u64,
@@ -69,7 +71,13 @@ impl Slot {
 impl MemoryStore {
     /// A store holding at most `max_entries` records and `max_bytes` of responses.
     pub fn new(max_entries: usize, max_bytes: u64) -> Self {
-        Self { inner: Mutex::new(Inner::default()), waiters: Arc::default(), max_entries, max_bytes }
+        Self {
+            inner: Mutex::new(Inner::default()),
+            quotas: Mutex::default(),
+            waiters: Arc::default(),
+            max_entries,
+            max_bytes,
+        }
     }
 
     /// Holds the lock for one transition; the map stays consistent even if a holder panicked,
@@ -301,6 +309,16 @@ impl Store for MemoryStore {
 
     fn watch(&self, key: &RecordKey) -> Watch {
         self.waiters.watch(key.as_str(), None)
+    }
+
+    async fn count_new_key(&self, key: &QuotaKey, window: Duration) -> Result<(u64, Duration), StoreError> {
+        let now = Instant::now();
+        let mut quotas = self.quotas.lock().unwrap_or_else(PoisonError::into_inner);
+        // Ended windows go, so that the map holds only live budgets.
+        quotas.retain(|_, (_, end)| *end > now);
+        let (count, end) = quotas.entry(key.clone()).or_insert((0, now + window));
+        *count += 1;
+        Ok((*count, end.saturating_duration_since(now)))
     }
 
     async fn ping(&self) -> Result<(), StoreError> {

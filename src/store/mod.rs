@@ -72,6 +72,27 @@ impl RecordKey {
     }
 }
 
+/// The store's name for one budget of new keys: a route and a caller.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct QuotaKey(String);
+
+impl QuotaKey {
+    /// Names the budget of `scope` on `route`.
+    pub fn new(prefix: &str, route: &str, scope: &Scope) -> Self {
+        let mut h = Sha256::new();
+        h.update(b"idemgate-quota-v1\0");
+        h.update((route.len() as u64).to_be_bytes());
+        h.update(route.as_bytes());
+        h.update(scope.as_bytes());
+        Self(format!("{prefix}:q:{}", hex::encode(h.finalize())))
+    }
+
+    /// The name as stored.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
 /// A random token naming the owner of one claim.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct OwnerToken([u8; 16]);
@@ -309,6 +330,14 @@ pub trait Store: Send + Sync {
     /// read and the registration is missed.
     fn watch(&self, key: &RecordKey) -> Watch;
 
+    /// Counts one new key against the budget `key`, whose window lasts `window` from its
+    /// first key: the count so far in this window, and the time until it ends.
+    fn count_new_key(
+        &self,
+        key: &QuotaKey,
+        window: Duration,
+    ) -> impl Future<Output = Result<(u64, Duration), StoreError>> + Send;
+
     /// Whether the store answers.
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
@@ -394,6 +423,9 @@ impl Store for Backend {
     }
     fn watch(&self, key: &RecordKey) -> Watch {
         delegate!(self, s => s.watch(key))
+    }
+    async fn count_new_key(&self, key: &QuotaKey, window: Duration) -> Result<(u64, Duration), StoreError> {
+        delegate!(self, s => s.count_new_key(key, window).await)
     }
     async fn ping(&self) -> Result<(), StoreError> {
         delegate!(self, s => s.ping().await)

@@ -37,7 +37,7 @@ use tokio::task::JoinHandle;
 
 use super::waiters::Waiters;
 use super::{
-    Claim, Entry, EntryState, Final, Lease, OwnerToken, RecordKey, Renewal, Sent, Settled, Store, StoreError,
+    Claim, Entry, EntryState, Final, Lease, OwnerToken, QuotaKey, RecordKey, Renewal, Sent, Settled, Store, StoreError,
     StoredResponse, Watch,
 };
 use crate::idempotent::fingerprint::Fingerprint;
@@ -54,11 +54,12 @@ struct Scripts {
     release: Script,
     purge: Script,
     inspect: Script,
+    quota: Script,
 }
 
 impl Scripts {
-    fn all(&self) -> [&Script; 6] {
-        [&self.claim, &self.renew, &self.settle, &self.release, &self.purge, &self.inspect]
+    fn all(&self) -> [&Script; 7] {
+        [&self.claim, &self.renew, &self.settle, &self.release, &self.purge, &self.inspect, &self.quota]
     }
 
     fn new() -> Self {
@@ -69,6 +70,7 @@ impl Scripts {
             release: Script::new(include_str!("lua/release.lua")),
             purge: Script::new(include_str!("lua/purge.lua")),
             inspect: Script::new(include_str!("lua/inspect.lua")),
+            quota: Script::new(include_str!("lua/quota.lua")),
         }
     }
 }
@@ -303,6 +305,15 @@ impl Store for RedisStore {
     fn watch(&self, key: &RecordKey) -> Watch {
         let poll = if self.subscribed.load(Ordering::Acquire) { POLL_SUBSCRIBED } else { POLL_UNSUBSCRIBED };
         self.waiters.watch(key.as_str(), Some(poll))
+    }
+
+    async fn count_new_key(&self, key: &QuotaKey, window: Duration) -> Result<(u64, Duration), StoreError> {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(self.scripts.quota.get_hash()).arg(1).arg(key.as_str()).arg(ms(window));
+        let mut items = Reply::array(self.query(cmd, Some(&self.scripts.quota)).await?)?;
+        let count = u64::try_from(items.int()?).map_err(|_| protocol("quota count out of range"))?;
+        let left = Duration::from_millis(items.int()?.max(0) as u64);
+        Ok((count, left))
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
