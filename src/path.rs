@@ -8,7 +8,9 @@
 //!
 //! 1. percent-encoded unreserved characters (`A-Z a-z 0-9 - . _ ~`) are decoded, and the hex
 //!    digits of every other percent-encoding are upper-cased (`%2f` → `%2F`; an encoded `/`
-//!    stays encoded, since decoding it would change the segments);
+//!    stays encoded, since decoding it would change the segments); a `%` that starts no
+//!    encoding is written `%25`, so that decoding cannot make a new one (`/%%66a` would turn
+//!    into `/%fa`, which the next reader takes for an encoded byte);
 //! 2. runs of `/` are merged into one (not in RFC 3986, but what most servers do);
 //! 3. `.` and `..` segments are removed (RFC 3986 §5.2.4); `..` never climbs above `/`.
 //!
@@ -47,6 +49,11 @@ fn decode_unreserved(path: &str) -> String {
                 out.push(char::from(bytes[i + 2].to_ascii_uppercase()));
             }
             i += 3;
+            continue;
+        }
+        if bytes[i] == b'%' {
+            out.push_str("%25");
+            i += 1;
             continue;
         }
         // Everything else is copied as is: `path` is a valid &str, and only ASCII was consumed
@@ -123,8 +130,11 @@ mod tests {
     fn reserved_encodings_stay_encoded_with_upper_case_hex() {
         assert_eq!(normalize("/files/a%2fb"), "/files/a%2Fb");
         assert_eq!(normalize("/files/a%20b"), "/files/a%20b");
-        assert_eq!(normalize("/files/%zz"), "/files/%zz");
-        assert_eq!(normalize("/files/100%"), "/files/100%");
+        assert_eq!(normalize("/files/%zz"), "/files/%25zz");
+        assert_eq!(normalize("/files/100%"), "/files/100%25");
+        // Found by the fuzzer: decoding must not assemble a new encoding from a stray '%'.
+        assert_eq!(normalize("/%%66a"), "/%25fa");
+        assert_eq!(normalize(&normalize("/%%66a")), "/%25fa");
         assert_eq!(normalize("/caf%C3%A9/%c3%a9"), "/caf%C3%A9/%C3%A9");
     }
 

@@ -197,4 +197,28 @@ mod tests {
             assert!(matches!(read(&[v], 255), Err(KeyError::Malformed { .. })), "{:?}", String::from_utf8_lossy(v));
         }
     }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            /// Whatever bytes a client sends, reading the key answers; it never panics.
+            #[test]
+            fn any_header_value_is_read_or_refused(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+                if let Ok(value) = HeaderValue::from_bytes(&bytes) {
+                    let mut h = HeaderMap::new();
+                    h.insert(H, value);
+                    let _ = extract(&h, &H, 255);
+                }
+            }
+
+            /// Any printable ASCII key, quoted with its `"` and `\` escaped, reads back as itself.
+            #[test]
+            fn a_quoted_key_round_trips(key in "[ -~]{1,100}") {
+                let quoted = format!("\"{}\"", key.replace('\\', "\\\\").replace('"', "\\\""));
+                prop_assert_eq!(read(&[quoted.as_bytes()], 255), Ok(Some(key)));
+            }
+        }
+    }
 }

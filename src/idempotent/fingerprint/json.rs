@@ -294,4 +294,42 @@ mod tests {
             assert_eq!(strict, plain, "{body}");
         }
     }
+
+    mod properties {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn json() -> impl Strategy<Value = Value> {
+            let leaf = prop_oneof![
+                Just(Value::Null),
+                any::<bool>().prop_map(Value::Bool),
+                any::<i64>().prop_map(Value::from),
+                "[a-z\\u{e9}\"\\\\ ]{0,8}".prop_map(Value::String),
+            ];
+            leaf.prop_recursive(4, 32, 6, |inner| {
+                prop_oneof![
+                    prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                    prop::collection::btree_map("[a-d]{1,3}", inner, 0..6)
+                        .prop_map(|m| Value::Object(m.into_iter().collect())),
+                ]
+            })
+        }
+
+        proptest! {
+            /// Any bytes at all: a canonical form or a refusal, never a panic.
+            #[test]
+            fn any_body_is_canonicalised_or_refused(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+                let _ = canonicalize(&bytes, &[JsonPointer::parse("/a/0").unwrap()]);
+            }
+
+            /// The canonical form is JSON meaning the same document, and canonical itself.
+            #[test]
+            fn the_canonical_form_means_the_same_and_is_a_fixed_point(doc in json()) {
+                let text = serde_json::to_vec_pretty(&doc).unwrap();
+                let canonical = canonicalize(&text, &[]).unwrap();
+                prop_assert_eq!(serde_json::from_slice::<Value>(&canonical).unwrap(), doc);
+                prop_assert_eq!(canonicalize(&canonical, &[]).unwrap(), canonical);
+            }
+        }
+    }
 }
