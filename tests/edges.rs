@@ -228,14 +228,26 @@ async fn warm_up(client: &Client) {
     assert_eq!(r.status, 201, "{r:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_claim_whose_reply_arrives_too_late_is_released_for_the_retry() {
-    let redis = RedisServer::shared();
-    let proxy = TcpProxy::start(redis.addr()).await;
-    let upstream = TestUpstream::start().await;
-    let gw = behind_proxy(&proxy, upstream.addr, "").await;
+/// A gateway in front of `upstream` whose Redis is the shared one behind a [`TcpProxy`],
+/// connected and warmed up.
+struct Proxied {
+    proxy: TcpProxy,
+    upstream: TestUpstream,
+    gw: TestGateway,
+    client: Client,
+}
+
+async fn proxied(upstream: TestUpstream, policy: &str) -> Proxied {
+    let proxy = TcpProxy::start(RedisServer::shared().addr()).await;
+    let gw = behind_proxy(&proxy, upstream.addr, policy).await;
     let client = gw.client();
     warm_up(&client).await;
+    Proxied { proxy, upstream, gw, client }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_whose_reply_arrives_too_late_is_released_for_the_retry() {
+    let Proxied { proxy, upstream, gw: _gw, client } = proxied(TestUpstream::start().await, "").await;
 
     // Redis applies the claim; its reply reaches the gateway after the 500ms store timeout.
     proxy.slow_replies(Duration::from_millis(300), Duration::from_millis(800));
@@ -254,12 +266,7 @@ async fn a_claim_whose_reply_arrives_too_late_is_released_for_the_retry() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_gone_mid_claim_leaves_no_ghost() {
-    let redis = RedisServer::shared();
-    let proxy = TcpProxy::start(redis.addr()).await;
-    let upstream = TestUpstream::start().await;
-    let gw = behind_proxy(&proxy, upstream.addr, "").await;
-    let client = gw.client();
-    warm_up(&client).await;
+    let Proxied { proxy, upstream, gw: _gw, client } = proxied(TestUpstream::start().await, "").await;
 
     // The claim is on the wire (its reply held 800ms) when the client hangs up.
     proxy.slow_replies(Duration::from_millis(300), Duration::from_millis(800));
@@ -278,13 +285,8 @@ async fn a_client_gone_mid_claim_leaves_no_ghost() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fail_open_never_runs_a_request_twice_through_a_ghost_claim() {
-    let redis = RedisServer::shared();
-    let proxy = TcpProxy::start(redis.addr()).await;
-    let upstream = TestUpstream::start().await;
     // A short lease, so that a forgotten claim would be taken over within the test.
-    let gw = behind_proxy(&proxy, upstream.addr, r#"lease = "1s""#).await;
-    let client = gw.client();
-    warm_up(&client).await;
+    let Proxied { proxy, upstream, gw: _gw, client } = proxied(TestUpstream::start().await, r#"lease = "1s""#).await;
 
     proxy.slow_replies(Duration::from_millis(300), Duration::from_millis(800));
     let first = client.post_json("/open-orders", Some("open"), ORDER).await;
@@ -301,19 +303,15 @@ async fn fail_open_never_runs_a_request_twice_through_a_ghost_claim() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_blip_after_the_upstream_answered_does_not_lose_the_answer() {
-    let redis = RedisServer::shared();
-    let proxy = TcpProxy::start(redis.addr()).await;
-    let upstream = TestUpstream::with(Behavior { delay: Duration::from_millis(300), ..Behavior::default() }).await;
-    let gw = behind_proxy(&proxy, upstream.addr, "").await;
-    let client = gw.client();
-    warm_up(&client).await;
+    let slow = TestUpstream::with(Behavior { delay: Duration::from_millis(300), ..Behavior::default() }).await;
+    let Proxied { proxy, upstream, gw: _gw, client } = proxied(slow, "").await;
 
     let c = client.clone();
     let first = tokio::spawn(async move { c.post_json("/orders", Some("blip"), ORDER).await });
     // The claim went through; now every connection to Redis is cut, so the settle, when the
     // upstream answers, fails on the broken connection (a blip: Redis itself is fine).
     tokio::time::sleep(Duration::from_millis(150)).await;
-    proxy.retarget(redis.addr());
+    proxy.retarget(RedisServer::shared().addr());
     let first = first.await.unwrap();
     assert_eq!(first.status, 201, "the client gets the upstream's answer whatever the store does");
     // Settling was tried again behind the answer: the retry replays instead of waiting out

@@ -95,6 +95,26 @@ async fn silent_connections_are_closed_within_the_header_timeout_while_others_ar
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_max_connections_new_clients_wait_instead_of_failing() {
+    let upstream = TestUpstream::start().await;
+    let gw = start(upstream.addr, "max_connections = 2\nheader_read_timeout = \"1s\"", "");
+    // Two silent connections take both places...
+    let _silent: Vec<TcpStream> = futures_util::future::join_all((0..2).map(|_| TcpStream::connect(gw.addr)))
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // ...so a third client waits in the backlog (its connect succeeds, the kernel queues it)
+    // and is served as soon as the header timeout frees a place: it is not refused.
+    let started = Instant::now();
+    let served = gw.client().get("/anything", &[]).await;
+    assert_eq!(served.status, 201);
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_millis(700) && waited < Duration::from_secs(3), "served after {waited:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slowloris_head_is_cut_off_at_the_header_timeout() {
     let upstream = TestUpstream::start().await;
     let gw = start(upstream.addr, r#"header_read_timeout = "1s""#, "");
@@ -276,6 +296,26 @@ async fn exchanges_past_the_per_connection_cap_get_503_and_are_not_forwarded() {
     let refused = (0..10).find(|i| statuses[*i] == 503).unwrap();
     let again = client.post_json("/orders", Some(&format!("cap-{refused}")), ORDER).await;
     assert_eq!(again.status, 201);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exchanges_past_the_global_cap_get_503_whatever_the_connection() {
+    let upstream = TestUpstream::with(Behavior { delay: Duration::from_millis(800), ..Behavior::default() }).await;
+    let gw = start(upstream.addr, "max_exchanges = 2", "");
+    // One HTTP/1.1 connection per request: only the global cap applies.
+    let requests: Vec<_> = (0..5)
+        .map(|i| {
+            let c = Client::new(gw.addr);
+            tokio::spawn(async move { c.post_json("/orders", Some(&format!("global-{i}")), ORDER).await })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for r in requests {
+        statuses.push(r.await.unwrap().status.as_u16());
+    }
+    statuses.sort_unstable();
+    assert_eq!(statuses, [201, 201, 503, 503, 503]);
+    assert_eq!(upstream.executions(), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -24,7 +24,7 @@ impl GatewayProc {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("gateway.toml");
         std::fs::write(&path, toml).unwrap();
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_idemgate"));
+        let mut cmd = Command::new(binary());
         cmd.arg("--config").arg(&path).env("RUST_LOG", "info").stdout(Stdio::null()).stderr(Stdio::piped());
         let mut child = spawn_tied(cmd).expect("start idemgate");
         let stderr = child.stderr.take().unwrap();
@@ -102,6 +102,12 @@ impl Drop for GatewayProc {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The binary under test: this build's, or the one `IDEMGATE_BIN` names (CI points it at the
+/// release build, so that the hardening tests also run against what ships).
+fn binary() -> std::path::PathBuf {
+    std::env::var_os("IDEMGATE_BIN").map_or_else(|| env!("CARGO_BIN_EXE_idemgate").into(), Into::into)
 }
 
 fn field<'a>(line: &'a str, prefix: &str) -> &'a str {
