@@ -47,6 +47,9 @@ pub struct Connection {
     close: Notify,
     /// Fires when the phase changes in a way that moves the deadline earlier.
     changed: Notify,
+    /// Its place under `max_connections`, held as long as anything uses the connection: its
+    /// requests, the exchanges it started, a protocol it upgraded to.
+    _place: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 /// Where a connection is between requests, for its deadline.
@@ -75,8 +78,8 @@ pub enum Expired {
 }
 
 impl Connection {
-    /// The state of a connection accepted now.
-    pub fn new(peer: Peer, limits: Limits) -> Self {
+    /// The state of a connection accepted now, holding its place under `max_connections`.
+    pub fn new(peer: Peer, limits: Limits, place: Option<tokio::sync::OwnedSemaphorePermit>) -> Self {
         Self {
             peer,
             limits,
@@ -86,6 +89,7 @@ impl Connection {
             wasted: AtomicUsize::new(0),
             close: Notify::new(),
             changed: Notify::new(),
+            _place: place,
         }
     }
 
@@ -158,7 +162,7 @@ impl Connection {
     }
 }
 
-/// One request in flight on a connection.
+/// One request in flight on a connection, until its response body has been sent.
 #[derive(Debug)]
 pub struct RequestGuard {
     connection: Arc<Connection>,
@@ -167,9 +171,42 @@ pub struct RequestGuard {
 }
 
 impl RequestGuard {
-    /// The response is ready: the request was not abandoned.
-    pub fn answered(mut self) {
+    /// The response head is ready: the request was not abandoned. The request stays in
+    /// flight while `body` streams (a long download or a quiet event stream is not idle).
+    pub fn answered<B>(mut self, body: B) -> InFlightBody<B> {
         self.answered = true;
+        InFlightBody { inner: body, guard: Some(self) }
+    }
+}
+
+/// A response body that keeps its request in flight until it ends.
+#[derive(Debug)]
+pub struct InFlightBody<B> {
+    inner: B,
+    guard: Option<RequestGuard>,
+}
+
+impl<B: http_body::Body + Unpin> http_body::Body for InFlightBody<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<B::Data>, B::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(None) = polled {
+            self.guard = None;
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -276,7 +313,7 @@ mod tests {
     }
 
     fn connection() -> Arc<Connection> {
-        Arc::new(Connection::new(Peer::new("127.0.0.1:1".parse().unwrap(), &TrustedProxies::default()), limits()))
+        Arc::new(Connection::new(Peer::new("127.0.0.1:1".parse().unwrap(), &TrustedProxies::default()), limits(), None))
     }
 
     #[tokio::test(start_paused = true)]
@@ -289,7 +326,9 @@ mod tests {
         let request = c.request(false);
         assert_eq!(c.deadline(), None, "busy");
         tokio::time::advance(Duration::from_secs(5)).await;
-        request.answered();
+        let body = request.answered(());
+        assert_eq!(c.deadline(), None, "still busy while the body streams");
+        drop(body);
         let idle = Instant::now();
         assert_eq!(c.deadline(), Some((idle + Duration::from_secs(60), Expired::Idle)));
         tokio::time::advance(Duration::from_secs(3)).await;
@@ -302,7 +341,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_idle_http2_connection_counts_requests_not_frames() {
         let c = connection();
-        c.request(true).answered();
+        drop(c.request(true).answered(()));
         let since = Instant::now();
         c.read();
         assert_eq!(c.deadline(), Some((since + Duration::from_secs(60), Expired::Idle)));

@@ -255,7 +255,8 @@ impl GatewayError {
                 the key."
                 .into(),
             Self::ShuttingDown => "The gateway shut down before the upstream answered; the request \
-                may or may not have been processed. Retry with the same key."
+                may or may not have been processed. Check the state of the resource before sending it \
+                again: a retry with the same key is told its outcome is unknown."
                 .into(),
             Self::Internal(_) => "The gateway failed unexpectedly.".into(),
         }

@@ -21,11 +21,13 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::access::{self, Trace};
 use crate::body::{self, Body};
 use crate::config::Config;
 use crate::connection::Connection;
 use crate::error::{self, GatewayError};
 use crate::idempotent;
+use crate::idempotent::exchange::status_class;
 use crate::metrics::{Metrics, Outcome};
 use crate::path;
 use crate::proxy;
@@ -84,9 +86,10 @@ impl Gateway {
     pub fn new(config: &Config) -> Result<Self, SetupError> {
         let store = Backend::from_config(&config.store)?;
         let mut metrics = Metrics::default();
-        if let Backend::Redis(redis) = &store {
+        if let Some(redis) = store.redis() {
             metrics.register_store_data_loss(redis.data_loss_counter());
         }
+        metrics.register_store_latency(store.call_latency());
         let metrics = Arc::new(metrics);
         let mut upstreams = HashMap::new();
         for u in &config.upstreams {
@@ -132,27 +135,32 @@ impl Gateway {
 
     /// Serves one request that arrived on `connection`.
     pub async fn handle(&self, mut request: Request<Incoming>, connection: &Arc<Connection>) -> Response<Body> {
+        let started = std::time::Instant::now();
         if let Err(e) = check_host(&request) {
             return error::respond(&e, &self.problem_base);
         }
         normalize_path(&mut request);
+        let method = request.method().clone();
         let Some(route) = self.router.find(request.method(), request.uri().path()) else {
             self.metrics.unmatched();
             let error =
                 GatewayError::NoRoute { method: request.method().clone(), path: request.uri().path().to_owned() };
             return error::respond(&error, &self.problem_base);
         };
+        let mut trace = Trace::default();
         let result = match &route.policy {
             None => {
                 let request = request.map(body::boxed);
-                proxy::forward(&route.upstream, request, &connection.peer)
-                    .await
-                    .map(|r| (Outcome::PassedThrough, r))
-                    .map_err(Into::into)
+                let sent = std::time::Instant::now();
+                let forwarded = proxy::forward(&route.upstream, request, connection).await;
+                let class = forwarded.as_ref().map_or("error", |r| status_class(r.status()));
+                trace.upstream = Some(sent.elapsed());
+                route.metrics.upstream_latency(class, sent.elapsed());
+                forwarded.map(|r| (Outcome::PassedThrough, r)).map_err(Into::into)
             }
             // Boxed: the idempotent path's state is several times the pass-through's, and an
             // unboxed future would make every request (and every idle connection) carry it.
-            Some(policy) => Box::pin(idempotent::handle(self, route, policy, request, connection)).await,
+            Some(policy) => Box::pin(idempotent::handle(self, route, policy, request, connection, &mut trace)).await,
         };
         let (outcome, response) = match result {
             Ok(served) => served,
@@ -162,6 +170,9 @@ impl Gateway {
             }
         };
         route.metrics.outcome(outcome);
+        let took = started.elapsed();
+        route.metrics.request_duration(outcome, took);
+        access::log(&route.name, &method, outcome, response.status(), took, &trace);
         response
     }
 }

@@ -29,10 +29,12 @@
 //! - [`headers`]: hop-by-hop stripping, what may be stored and replayed;
 //! - [`forwarded`]: `Forwarded` / `X-Forwarded-*`, believed only from trusted proxies;
 //! - [`error`]: every error, mapped to problem+json in one place;
+//! - [`access`]: one access log line per request;
 //! - [`admin`]: health, readiness, metrics, key inspect/purge;
 //! - [`metrics`]: Prometheus counters;
 //! - [`config`]: `gateway.toml`, validated into runtime types.
 
+pub mod access;
 pub mod admin;
 pub mod body;
 pub mod config;

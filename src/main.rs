@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use idemgate::config::Config;
+use idemgate::config::{Config, LogFormat};
 use idemgate::server::Server;
 use idemgate::upstream::Upstream;
 use tracing_subscriber::EnvFilter;
@@ -19,6 +19,9 @@ struct Cli {
     /// Path of the configuration file.
     #[arg(long, short, global = true, default_value = "gateway.toml")]
     config: PathBuf,
+    /// Log lines as JSON (one object per line) or for people; overrides `server.log_format`.
+    #[arg(long, value_enum, global = true)]
+    log_format: Option<LogFormat>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -33,7 +36,18 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Some(Command::Check) => check(&cli.config),
-        None => serve(&cli.config),
+        None => serve(&cli.config, cli.log_format),
+    }
+}
+
+/// Starts logging to stderr: JSON lines, or text (coloured only on a terminal). The filter
+/// comes from `RUST_LOG` (default `info`).
+fn init_logging(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().flatten_event(true).with_current_span(false).init(),
+        LogFormat::Pretty => builder.with_ansi(std::io::stderr().is_terminal()).init(),
     }
 }
 
@@ -66,12 +80,7 @@ fn check(path: &std::path::Path) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-fn serve(path: &std::path::Path) -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+fn serve(path: &std::path::Path, log_format: Option<LogFormat>) -> ExitCode {
     let config = match Config::load(path) {
         Ok(c) => c,
         Err(e) => {
@@ -79,6 +88,7 @@ fn serve(path: &std::path::Path) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    init_logging(log_format.unwrap_or(config.server.log_format));
     for warning in config.warning_lines(&path.display().to_string()) {
         tracing::warn!("{warning}");
     }

@@ -8,6 +8,8 @@ use std::fmt::Write;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 /// A label whose values index a fixed array of counters. The index comes from an exhaustive
@@ -170,9 +172,20 @@ struct RouteLabel {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct RouteClass {
+    route: String,
+    class: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct RouteReason {
     route: String,
     reason: ReleaseReason,
+}
+
+/// The buckets of every latency histogram, in seconds: 0.5ms to about 16s, doubling.
+pub fn latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.0005, 2.0, 16))
 }
 
 /// The registry and the metric families in it.
@@ -186,6 +199,12 @@ pub struct Metrics {
     store_write_failed: Family<RouteLabel, Counter>,
     outcome_unknown: Family<RouteLabel, Counter>,
     not_stored: Family<RouteLabel, Counter>,
+    request_seconds: Family<RouteOutcome, Histogram>,
+    upstream_seconds: Family<RouteClass, Histogram>,
+    /// Upstream exchanges running now (they outlive their clients).
+    pub exchanges_running: Gauge,
+    /// Duplicates waiting for the first request with their key to settle.
+    pub waiting_duplicates: Gauge,
 }
 
 impl Default for Metrics {
@@ -223,7 +242,27 @@ impl Default for Metrics {
             "Responses delivered but too large to store; their keys answer response-not-stored",
             not_stored.clone(),
         );
+        let request_seconds = Family::<RouteOutcome, Histogram>::new_with_constructor(latency_histogram);
+        registry.register("request_seconds", "Request duration, by route and outcome", request_seconds.clone());
+        let upstream_seconds = Family::<RouteClass, Histogram>::new_with_constructor(latency_histogram);
+        registry.register(
+            "upstream_seconds",
+            "Upstream exchange duration on idempotent routes (request sent to answer read), by route and status class",
+            upstream_seconds.clone(),
+        );
+        let exchanges_running = Gauge::default();
+        registry.register("exchanges_running", "Upstream exchanges running now", exchanges_running.clone());
+        let waiting_duplicates = Gauge::default();
+        registry.register(
+            "waiting_duplicates",
+            "Duplicates waiting for the first request with their key to settle",
+            waiting_duplicates.clone(),
+        );
         Self {
+            request_seconds,
+            upstream_seconds,
+            exchanges_running,
+            waiting_duplicates,
             registry,
             requests,
             unmatched,
@@ -253,6 +292,11 @@ impl Metrics {
             store_write_failed: self.store_write_failed.get_or_create(&label).clone(),
             outcome_unknown: self.outcome_unknown.get_or_create(&label).clone(),
             not_stored: self.not_stored.get_or_create(&label).clone(),
+            request_seconds: PerLabel::new(|outcome| {
+                self.request_seconds.get_or_create(&RouteOutcome { route: route.to_owned(), outcome }).clone()
+            }),
+            upstream_seconds: self.upstream_seconds.clone(),
+            route: route.to_owned(),
         }
     }
 
@@ -263,6 +307,17 @@ impl Metrics {
             "Times this gateway saw Redis lose its records (epoch marker gone); retries of earlier requests then reach the upstream",
             counter,
         );
+    }
+
+    /// Exposes the store's call latency histograms.
+    pub fn register_store_latency(
+        &mut self,
+        family: Family<
+            impl EncodeLabelSet + Clone + std::hash::Hash + Eq + std::fmt::Debug + Send + Sync + 'static,
+            Histogram,
+        >,
+    ) {
+        self.registry.register("store_call_seconds", "Latency of store calls, by call", family);
     }
 
     /// Counts a request that matched no route.
@@ -281,24 +336,25 @@ impl Metrics {
     }
 }
 
-/// One counter per value of a label, found by [`Label::index`].
+/// One metric per value of a label, found by [`Label::index`].
 #[derive(Clone)]
-struct PerLabel<L: Label> {
-    counters: Vec<Counter>,
+struct PerLabel<L: Label, M = Counter> {
+    metrics: Vec<M>,
     _label: std::marker::PhantomData<L>,
 }
 
-impl<L: Label> PerLabel<L> {
-    fn new(mut counter: impl FnMut(L) -> Counter) -> Self {
-        let mut counters = vec![Counter::default(); L::ALL.len()];
+impl<L: Label, M: Clone> PerLabel<L, M> {
+    fn new(mut metric: impl FnMut(L) -> M) -> Self {
+        let mut metrics: Vec<Option<M>> = vec![None; L::ALL.len()];
         for &label in L::ALL {
-            counters[label.index()] = counter(label);
+            metrics[label.index()] = Some(metric(label));
         }
-        Self { counters, _label: std::marker::PhantomData }
+        // Every index is filled: `index` maps ALL onto 0..len (checked by a test).
+        Self { metrics: metrics.into_iter().flatten().collect(), _label: std::marker::PhantomData }
     }
 
-    fn get(&self, label: L) -> &Counter {
-        &self.counters[label.index()]
+    fn get(&self, label: L) -> &M {
+        &self.metrics[label.index()]
     }
 }
 
@@ -312,9 +368,24 @@ pub struct RouteMetrics {
     store_write_failed: Counter,
     outcome_unknown: Counter,
     not_stored: Counter,
+    request_seconds: PerLabel<Outcome, Histogram>,
+    upstream_seconds: Family<RouteClass, Histogram>,
+    route: String,
 }
 
 impl RouteMetrics {
+    /// Records how long a request took.
+    pub fn request_duration(&self, outcome: Outcome, took: std::time::Duration) {
+        self.request_seconds.get(outcome).observe(took.as_secs_f64());
+    }
+
+    /// Records how long an upstream exchange took, by the status class of its answer
+    /// (`"2xx"` … `"5xx"`, or `"error"`).
+    pub fn upstream_latency(&self, class: &'static str, took: std::time::Duration) {
+        self.upstream_seconds
+            .get_or_create(&RouteClass { route: self.route.clone(), class })
+            .observe(took.as_secs_f64());
+    }
     /// Counts a finished request.
     pub fn outcome(&self, outcome: Outcome) {
         self.outcomes.get(outcome).inc();

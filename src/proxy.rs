@@ -14,7 +14,9 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 
 use crate::body::{self, Body};
-use crate::forwarded::Peer;
+use std::sync::Arc;
+
+use crate::connection::Connection;
 use crate::headers;
 use crate::upstream::{Upstream, UpstreamError};
 
@@ -22,8 +24,9 @@ use crate::upstream::{Upstream, UpstreamError};
 pub async fn forward(
     upstream: &Upstream,
     mut request: Request<Body>,
-    peer: &Peer,
+    connection: &Arc<Connection>,
 ) -> Result<Response<Body>, UpstreamError> {
+    let peer = &connection.peer;
     let upgrade = upgrade_requested(request.headers());
     let client_side = upgrade.is_some().then(|| hyper::upgrade::on(&mut request));
     let (mut parts, body) = request.into_parts();
@@ -41,7 +44,9 @@ pub async fn forward(
         Some(client_side) if response.status() == StatusCode::SWITCHING_PROTOCOLS => {
             let upstream_side = hyper::upgrade::on(&mut response);
             let protocol = response.headers().get(UPGRADE).cloned();
-            tokio::spawn(bridge(client_side, upstream_side));
+            // The bridge holds the connection (and its place under max_connections) while
+            // the switched protocol runs.
+            tokio::spawn(bridge(client_side, upstream_side, Arc::clone(connection)));
             let mut switched = relay(response);
             if let Some(protocol) = protocol {
                 switched.headers_mut().insert(UPGRADE, protocol);
@@ -66,7 +71,7 @@ pub fn upgrade_requested(headers: &http::HeaderMap) -> Option<HeaderValue> {
 }
 
 /// Joins the client's and the upstream's upgraded connections until either closes.
-async fn bridge(client: hyper::upgrade::OnUpgrade, upstream: hyper::upgrade::OnUpgrade) {
+async fn bridge(client: hyper::upgrade::OnUpgrade, upstream: hyper::upgrade::OnUpgrade, _connection: Arc<Connection>) {
     match tokio::try_join!(client, upstream) {
         Ok((client, upstream)) => {
             let (mut client, mut upstream) = (TokioIo::new(client), TokioIo::new(upstream));

@@ -5,8 +5,9 @@
 //!
 //! Shutdown, when the given future completes: stop accepting; let open connections finish
 //! their requests; wait for detached exchanges (their clients may be gone, their results must
-//! still be stored); at the end of the grace period, abandon what still runs, which releases
-//! those keys so retries can proceed instead of waiting for a lease to pass.
+//! still be stored); at the end of the grace period, abandon what still runs, which settles
+//! those keys at once (as unknown: the requests were sent) so that retries are answered
+//! instead of waiting for a lease to pass.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -21,7 +22,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use thiserror::Error;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -36,6 +37,9 @@ use crate::store::Store;
 /// After the grace period, how long connections get to deliver the answers of abandoned
 /// exchanges (503 shutting-down) before the process exits.
 const ABANDON_FLUSH: Duration = Duration::from_secs(1);
+
+/// After the grace period, how long abandoned exchanges get to settle their keys.
+const ABANDON_SETTLE: Duration = Duration::from_secs(5);
 
 /// Why the server could not start.
 #[derive(Debug, Error)]
@@ -148,14 +152,13 @@ impl Server {
             match accepted {
                 Ok(((stream, peer), permit)) => {
                     let _ = stream.set_nodelay(true);
-                    let connection = Arc::new(Connection::new(Peer::new(peer, &trusted), limits.clone()));
+                    let connection = Arc::new(Connection::new(Peer::new(peer, &trusted), limits.clone(), Some(permit)));
                     connections.spawn(serve_connection(
                         stream,
                         connection,
                         Arc::clone(&gateway),
                         Arc::clone(&builder),
                         draining.clone(),
-                        permit,
                     ));
                 }
                 Err(e) => {
@@ -179,10 +182,14 @@ impl Server {
         if !finished {
             tracing::warn!(
                 running = gateway.exchanges.len(),
-                "grace period over: abandoning exchanges, releasing their keys"
+                "grace period over: abandoning exchanges; their keys are settled as unknown (or released, per route)"
             );
             gateway.abandon.cancel();
-            gateway.exchanges.wait().await;
+            // Abandoned exchanges settle in a few store calls; bounded all the same, so that a
+            // store that hangs cannot keep the process from exiting.
+            if tokio::time::timeout(ABANDON_SETTLE, gateway.exchanges.wait()).await.is_err() {
+                tracing::warn!(running = gateway.exchanges.len(), "exchanges still settling; exiting without them");
+            }
             // Their clients, if still connected, get 503 shutting-down: let that reach them.
             if !drained && tokio::time::timeout(ABANDON_FLUSH, &mut drain).await.is_err() {
                 tracing::warn!("connections still open after the grace period; closing them");
@@ -218,7 +225,6 @@ async fn serve_connection(
     gateway: Arc<Gateway>,
     builder: Arc<auto::Builder<TokioExecutor>>,
     draining: CancellationToken,
-    _slot: OwnedSemaphorePermit,
 ) {
     let c = Arc::clone(&connection);
     let service = service_fn(move |request: Request<Incoming>| {
@@ -226,8 +232,7 @@ async fn serve_connection(
         async move {
             let guard = c.request(request.version() == Version::HTTP_2);
             let response = gw.handle(request, &c).await;
-            guard.answered();
-            Ok::<_, Infallible>(response)
+            Ok::<_, Infallible>(response.map(|body| guard.answered(body)))
         }
     });
     let io = TokioIo::new(Watched::new(stream, Arc::clone(&connection)));

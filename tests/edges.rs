@@ -302,6 +302,25 @@ async fn fail_open_never_runs_a_request_twice_through_a_ghost_claim() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fail_open_keeps_a_ghost_claim_alive_while_a_slow_request_runs() {
+    // The upstream takes longer than the lease: the claim the forwarded request may hold must
+    // be renewed, or a retry would take it over mid-request and run it a second time.
+    let slow = TestUpstream::with(Behavior { delay: Duration::from_millis(1800), ..Behavior::default() }).await;
+    let Proxied { proxy, upstream, gw: _gw, client } = proxied(slow, r#"lease = "900ms""#).await;
+    proxy.slow_replies(Duration::from_millis(300), Duration::from_millis(800));
+    let c = client.clone();
+    let first = tokio::spawn(async move { c.post_json("/open-orders", Some("slow-open"), ORDER).await });
+    // Past the lease, while the first still runs.
+    tokio::time::sleep(Duration::from_millis(1400)).await;
+    let retry = client.post_json("/open-orders", Some("slow-open"), ORDER).await;
+    let first = first.await.unwrap();
+    assert_eq!(first.header("idempotency-status"), Some("bypassed"));
+    assert_eq!(retry.status, 201);
+    assert!(retry.is_replay(), "the retry waited for the running request: {retry:?}");
+    assert_eq!(upstream.executions_by_key()["slow-open"], 1, "never a second execution");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_blip_after_the_upstream_answered_does_not_lose_the_answer() {
     let slow = TestUpstream::with(Behavior { delay: Duration::from_millis(300), ..Behavior::default() }).await;
     let Proxied { proxy, upstream, gw: _gw, client } = proxied(slow, "").await;

@@ -331,7 +331,7 @@ macro_rules! contract {
             $(
                 #[tokio::test]
                 async fn $scenario() {
-                    let store = idemgate::store::Backend::Memory(super::MemoryStore::new(10_000, 1 << 30));
+                    let store = idemgate::store::Backend::new(idemgate::store::Engine::Memory(super::MemoryStore::new(10_000, 1 << 30)));
                     super::$scenario(store, super::support::unique("mem")).await;
                 }
             )*
@@ -345,7 +345,7 @@ macro_rules! contract {
                     let store = super::RedisStore::new(&url, 8, std::time::Duration::from_secs(2), &prefix).unwrap();
                     // Let the notification subscriber connect, as it would long before traffic.
                     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                    super::$scenario(idemgate::store::Backend::Redis(store), prefix).await;
+                    super::$scenario(idemgate::store::Backend::new(idemgate::store::Engine::Redis(store)), prefix).await;
                 }
             )*
         }
@@ -382,7 +382,7 @@ async fn redis_key_names_never_contain_client_input() {
     let server = RedisServer::shared();
     let prefix = support::unique("names");
     let store = RedisStore::new(&server.url(), 2, Duration::from_secs(2), &prefix).unwrap();
-    let store = Backend::Redis(store);
+    let store = Backend::new(idemgate::store::Engine::Redis(store));
     let k = record(&prefix, "\"user-secret-key{slot}\"");
     let _lease = acquire(&store, &k, fp(1), LEASE).await;
     let mut conn = server.connection();
@@ -398,7 +398,9 @@ async fn redis_key_names_never_contain_client_input() {
 async fn redis_reloads_scripts_after_script_flush() {
     let server = RedisServer::shared();
     let prefix = support::unique("noscript");
-    let store = Backend::Redis(RedisStore::new(&server.url(), 2, Duration::from_secs(2), &prefix).unwrap());
+    let store = Backend::new(idemgate::store::Engine::Redis(
+        RedisStore::new(&server.url(), 2, Duration::from_secs(2), &prefix).unwrap(),
+    ));
     let _ = acquire(&store, &record(&prefix, "a"), fp(1), LEASE).await;
     let mut conn = server.connection();
     let _: () = ::redis::cmd("SCRIPT").arg("FLUSH").query(&mut conn).unwrap();

@@ -64,6 +64,8 @@ pub struct ServerSection {
     pub h2_keepalive_interval: Option<HumanDuration>,
     /// Peers (IPs or CIDR blocks) whose Forwarded / X-Forwarded-* / X-Real-IP are believed.
     pub trusted_proxies: Option<Vec<String>>,
+    /// `"pretty"` (text) or `"json"` (one object per line); `--log-format` overrides it.
+    pub log_format: Option<String>,
 }
 
 /// `[store]`

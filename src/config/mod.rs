@@ -60,6 +60,29 @@ pub struct ServerConfig {
     pub limits: Limits,
     /// Peers whose forwarding headers are believed.
     pub trusted_proxies: TrustedProxies,
+    /// How log lines are written.
+    pub log_format: LogFormat,
+}
+
+/// How log lines are written (`server.log_format`, `--log-format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum LogFormat {
+    /// One JSON object per line, for log pipelines.
+    Json,
+    /// Text for people (coloured on a terminal).
+    #[default]
+    Pretty,
+}
+
+impl LogFormat {
+    /// Parses `"json"` or `"pretty"`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        match text {
+            "json" => Ok(Self::Json),
+            "pretty" => Ok(Self::Pretty),
+            other => Err(format!("{other:?} is neither \"json\" nor \"pretty\"")),
+        }
+    }
 }
 
 /// What one client, or all of them, may hold of the gateway (`[server]`).

@@ -12,7 +12,9 @@ use http::{HeaderName, Method, Uri};
 
 use super::file::{self, File, IdempotencySection, OneOrMany, StatusEntry};
 use super::units::{HumanDuration, HumanSize};
-use super::{Config, Issue, Limits, RouteConfig, ServerConfig, StoreBackendConfig, StoreConfig, UpstreamConfig};
+use super::{
+    Config, Issue, Limits, LogFormat, RouteConfig, ServerConfig, StoreBackendConfig, StoreConfig, UpstreamConfig,
+};
 use crate::forwarded::TrustedProxies;
 use crate::headers::{self, StoredHeaders};
 use crate::idempotent::fingerprint::{FingerprintSpec, JsonPointer};
@@ -131,7 +133,9 @@ fn server(s: &file::ServerSection, env: &dyn Fn(&str) -> Option<String>, issues:
     let limits = limits(s, issues);
     let trusted_proxies =
         issues.check("server.trusted_proxies", TrustedProxies::parse(s.trusted_proxies.as_deref().unwrap_or_default()));
+    let log_format = issues.check("server.log_format", LogFormat::parse(s.log_format.as_deref().unwrap_or("pretty")));
     Some(ServerConfig {
+        log_format: log_format?,
         worker_threads: s.worker_threads,
         listen: listen?,
         admin_listen,

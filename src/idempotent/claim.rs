@@ -21,12 +21,14 @@ use super::policy::IdempotencyPolicy;
 use crate::gateway::Gateway;
 use crate::metrics::ReleaseReason;
 use crate::route::Route;
-use crate::store::{Backend, Claim, OwnerToken, RecordKey, Sent, Settled, Store, StoreError, Watch};
+use crate::store::{Backend, Claim, Lease, OwnerToken, RecordKey, Sent, Settled, Store, StoreError, Watch};
 use tokio_util::task::TaskTracker;
 
 /// How often, and how far apart, a ghost release is tried before it is left to the lease.
 const GHOST_TRIES: u32 = 5;
 const GHOST_BACKOFF: Duration = Duration::from_millis(200);
+/// How long after finding nothing to release a ghost release looks once more.
+const GHOST_RECHECK: Duration = Duration::from_secs(1);
 
 /// Claims the key; while another request holds it, waits up to the route's `wait` for it to
 /// settle. The wait sleeps on a [`Watch`] (woken when the holder settles or releases, or when
@@ -62,10 +64,21 @@ pub async fn settled(
             return Ok(claim);
         }
         if let Some(watch) = watch.take() {
+            gw.metrics.waiting_duplicates.inc();
             watch.changed(deadline.min(now + lease_left)).await;
+            gw.metrics.waiting_duplicates.dec();
         }
         watch = Some(store.watch(record));
-        claim = claim_once().await?;
+        claim = match claim_once().await {
+            Ok(next) => next,
+            // The key is known to be held by a running request: a store error now must not
+            // send this duplicate down the fail-open path (a certain second execution).
+            Err(e) => {
+                tracing::debug!(key = record.short(), error = %e, "store failed while waiting; answering in flight");
+                let lease_left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_secs(1));
+                return Ok(Claim::InFlight { lease_left });
+            }
+        };
     }
 }
 
@@ -96,7 +109,10 @@ fn spawn_release(store: &Arc<Backend>, tracker: &TaskTracker, record: RecordKey,
                         tracing::info!(key = record.short(), "released a claim whose reply was lost");
                         return;
                     }
-                    // Never made, or no longer ours: nothing to release.
+                    // Never made, or no longer ours: nothing to release. The claim travels on
+                    // another connection than this release, so it may still land: one more
+                    // look after a pause catches a claim that arrives late.
+                    Ok(Settled::Lost) if attempt == 1 => tokio::time::sleep(GHOST_RECHECK).await,
                     Ok(Settled::Lost) => return,
                     Err(e) if attempt == GHOST_TRIES => {
                         tracing::warn!(key = record.short(), error = %e, "cannot release a claim whose reply was lost; it expires with its lease");
@@ -107,6 +123,41 @@ fn spawn_release(store: &Arc<Backend>, tracker: &TaskTracker, record: RecordKey,
         },
         &runtime,
     );
+}
+
+/// A lease between its claim and its exchange. Dropped while still holding it (the handler's
+/// future was dropped at an await in between), it releases the claim in the background, as
+/// never forwarded.
+pub struct Held<'a> {
+    gw: &'a Gateway,
+    lease: Option<Lease>,
+}
+
+impl<'a> Held<'a> {
+    /// Holds `lease` for the handler.
+    pub fn new(gw: &'a Gateway, lease: Lease) -> Self {
+        Self { gw, lease: Some(lease) }
+    }
+
+    /// The lease held.
+    pub fn lease(&self) -> &Lease {
+        // Present until `take`, which consumes the guard.
+        self.lease.as_ref().unwrap_or_else(|| unreachable!("a Held guard always holds its lease until take"))
+    }
+
+    /// Hands the lease on (to an exchange, or to an explicit release).
+    pub fn take(mut self) -> Lease {
+        self.lease.take().unwrap_or_else(|| unreachable!("a Held guard always holds its lease until take"))
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        if let Some(lease) = self.lease.take() {
+            let (key, owner, ttl) = lease.into_release();
+            spawn_release(&self.gw.store, &self.gw.exchanges, key, owner, ttl);
+        }
+    }
 }
 
 /// A claim call in flight; dropped while armed (its future was dropped mid-call), it releases

@@ -12,7 +12,8 @@
 //! | complete answer, status in `store_statuses` | completed: replayed to retries | the answer |
 //! | complete answer, other status | released | the answer |
 //! | answer too large to store, delivered | executed: retries get `response-not-stored` | the answer, streamed |
-//! | sent, no complete answer (timeout, reset, truncated body), or abandoned at shutdown | `hold`: unknown, retries get 502 `outcome-unknown`; `release`: released | 502/504 `outcome-unknown` (`release`: the upstream error) |
+//! | sent, no complete answer (timeout, reset, truncated body) | `hold`: unknown, retries get 502 `outcome-unknown`; `release`: released | 502/504 `outcome-unknown` (`release`: the upstream error) |
+//! | abandoned at the end of the shutdown grace period | as the row above | 503 `shutting-down` |
 //!
 //! Every forwarded request carries the attempt header (`Idempotency-Attempt: N`), so the
 //! upstream can refuse or log a re-execution. While the call runs, the lease is renewed every
@@ -26,6 +27,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response, response};
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -65,6 +67,8 @@ pub struct Exchange {
     /// The exchange's places under `max_exchanges` and its connection's limit, held until it
     /// ends (after its client, if the client goes away first).
     pub slots: Option<ExchangeSlots>,
+    /// The gauge of exchanges running now.
+    pub running: Gauge,
 }
 
 /// An exchange's places under the global and the per-connection limits.
@@ -92,19 +96,36 @@ enum Ended {
 
 type Answer = Result<Response<Body>, GatewayError>;
 
+/// Where an exchange's time went, for the access log.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Report {
+    /// Sending the request and reading the answer.
+    pub upstream: Duration,
+    /// Settling or releasing the key before the answer went out.
+    pub store: Duration,
+}
+
 impl Exchange {
     /// Runs the exchange in its own task and waits for its response. Dropping the returned
     /// future (the client went away) does not stop the exchange.
-    pub async fn spawn(self, tracker: &TaskTracker) -> Answer {
+    pub async fn spawn(self, tracker: &TaskTracker) -> (Answer, Report) {
         let (tx, rx) = oneshot::channel();
         // The exchange's state machine is several KiB; boxed once here, it is not copied again
         // on its way into the task.
         tracker.spawn(Box::pin(self.run(tx)));
-        rx.await.unwrap_or_else(|_| Err(GatewayError::Internal("the exchange ended without an answer".into())))
+        rx.await.unwrap_or_else(|_| {
+            (Err(GatewayError::Internal("the exchange ended without an answer".into())), Report::default())
+        })
     }
 
-    async fn run(self, answer: oneshot::Sender<Answer>) {
-        let Self { route, policy, store, lease, confirmed, mut request, abandon, slots: _slots } = self;
+    async fn run(self, answer: oneshot::Sender<(Answer, Report)>) {
+        let Self { route, policy, store, lease, confirmed, mut request, abandon, slots: _slots, running } = self;
+        running.inc();
+        let _running = scopeguard(move || {
+            running.dec();
+        });
+        // The attempt is the gateway's word; whatever a client sent under that name is gone
+        // (the handler removed it), and an unconfirmed claim has no attempt number to give.
         if let Some(name) = policy.attempt_header.as_ref().filter(|_| confirmed) {
             request.headers_mut().insert(name.clone(), HeaderValue::from(lease.attempt()));
         }
@@ -115,7 +136,12 @@ impl Exchange {
                 () = abandon.cancelled() => Ended::Abandoned,
             }
         });
+        let started = Instant::now();
         let ended = settle.renewing(&lease, work).await;
+        let upstream_done = Instant::now();
+        let upstream_time = upstream_done - started;
+        route.metrics.upstream_latency(ended.class(), upstream_time);
+        let report = || Report { upstream: upstream_time, store: upstream_done.elapsed() };
 
         let reply = match ended {
             Ended::Whole(parts, body) if policy.store_statuses.contains(parts.status) => {
@@ -130,7 +156,7 @@ impl Exchange {
                 let settled = settle.store.settle(&lease, Final::Response(&stored), policy.retention).await;
                 if let Err(e) = settled {
                     tracing::debug!(route = %route.name, error = %e, "settle failed; answering first, then retrying");
-                    let _ = answer.send(Ok(first_response(parts, body::full(body), false)));
+                    let _ = answer.send((Ok(first_response(parts, body::full(body), false)), report()));
                     settle.finish(lease, Final::Response(&stored)).await;
                     return;
                 }
@@ -148,14 +174,22 @@ impl Exchange {
                     body: Bytes::new(),
                 };
                 // The client gets the stream now; the key is settled once it has ended.
-                let _ = answer.send(Ok(first_response(parts, body, false)));
-                let end = settle.renewing(&lease, std::pin::pin!(end)).await;
+                let _ = answer.send((Ok(first_response(parts, body, false)), report()));
+                // Shutdown does not wait for a slow reader: past the grace period the stream
+                // counts as delivered (the upstream answered; the request ran).
+                let ended = std::pin::pin!(async {
+                    tokio::select! {
+                        end = end => end.unwrap_or(StreamEnd::ClientGone),
+                        () = abandon.cancelled() => StreamEnd::ClientGone,
+                    }
+                });
+                let end = settle.renewing(&lease, ended).await;
                 match end {
-                    Ok(StreamEnd::Complete | StreamEnd::ClientGone) | Err(_) => {
+                    StreamEnd::Complete | StreamEnd::ClientGone => {
                         route.metrics.not_stored();
                         settle.finish(lease, Final::Executed(&head)).await;
                     }
-                    Ok(StreamEnd::Broken) => {
+                    StreamEnd::Broken => {
                         settle.unknown(lease).await;
                     }
                 }
@@ -181,7 +215,42 @@ impl Exchange {
                 Err(GatewayError::ShuttingDown)
             }
         };
-        let _ = answer.send(reply);
+        let _ = answer.send((reply, report()));
+    }
+}
+
+impl Ended {
+    /// The status class for the upstream latency histogram.
+    fn class(&self) -> &'static str {
+        match self {
+            Self::Whole(parts, _) | Self::Streamed(parts, _, _) => status_class(parts.status),
+            Self::NotSent(_) | Self::NoAnswer(_) => "error",
+            Self::Abandoned => "abandoned",
+        }
+    }
+}
+
+/// Runs `f` when dropped: the exchange's gauge goes down on every path out of `run`.
+fn scopeguard(f: impl FnOnce()) -> impl Drop {
+    struct Guard<F: FnOnce()>(Option<F>);
+    impl<F: FnOnce()> Drop for Guard<F> {
+        fn drop(&mut self) {
+            if let Some(f) = self.0.take() {
+                f();
+            }
+        }
+    }
+    Guard(Some(f))
+}
+
+/// `"2xx"` … `"5xx"` for a status.
+pub fn status_class(status: http::StatusCode) -> &'static str {
+    match status.as_u16() / 100 {
+        1 => "1xx",
+        2 => "2xx",
+        3 => "3xx",
+        4 => "4xx",
+        _ => "5xx",
     }
 }
 
@@ -217,7 +286,11 @@ impl Settle<'_> {
     /// socket). Once the lease is found lost, renewal stops; the exchange still finishes, and
     /// settling will find the lease lost too.
     async fn renewing<T>(&self, lease: &Lease, mut work: Pin<&mut impl Future<Output = T>>) -> T {
-        if !self.policy.renew || !self.confirmed {
+        // An unconfirmed claim (the claim call's reply was lost, fail-open) is renewed too: if
+        // it was made, it must not pass while the forwarded request runs, or a retry would
+        // take it over and run the request again. Renewal names the owner, so a claim that
+        // was never made is found `Lost` at the first tick and left alone.
+        if !self.policy.renew {
             return work.await;
         }
         let (route, store) = (self.route, self.store);
@@ -232,6 +305,7 @@ impl Settle<'_> {
                 // exchange's state by its size.
                 _ = ticks.tick(), if renewing => match Box::pin(store.renew(lease)).await {
                     Ok(Renewal::Renewed) => {}
+                    Ok(Renewal::Lost) if !self.confirmed => renewing = false,
                     Ok(Renewal::Lost) => {
                         renewing = false;
                         route.metrics.lease_lost();
@@ -301,7 +375,9 @@ impl Settle<'_> {
 const SETTLE_TRIES: u32 = 4;
 const SETTLE_BACKOFF: Duration = Duration::from_millis(100);
 
-/// Runs a store call, repeating it (with a doubling pause) while it fails.
+/// Runs a store call, repeating it (with a doubling pause) while it fails. A try that failed
+/// may have been applied all the same (its reply was lost), so `Lost` after a failed try
+/// means "settled by that try, or taken over": it is reported as `Done`, not as a takeover.
 async fn persist<F, Fut>(mut call: F) -> Result<Settled, StoreError>
 where
     F: FnMut() -> Fut,
@@ -316,6 +392,7 @@ where
                 pause *= 2;
                 tries += 1;
             }
+            Ok(Settled::Lost) if tries > 1 => return Ok(Settled::Done),
             result => return result,
         }
     }

@@ -23,9 +23,12 @@ pub mod scope;
 
 use std::sync::Arc;
 
+use tokio::time::Instant;
+
 use http::{HeaderMap, HeaderValue, Request, Response, header};
 use hyper::body::Incoming;
 
+use crate::access::Trace;
 use crate::body::{self, Body};
 use crate::connection::Connection;
 use crate::error::GatewayError;
@@ -44,18 +47,23 @@ pub async fn handle(
     gw: &Gateway,
     route: &Arc<Route>,
     policy: &Arc<IdempotencyPolicy>,
-    request: Request<Incoming>,
+    mut request: Request<Incoming>,
     connection: &Arc<Connection>,
+    trace: &mut Trace,
 ) -> Result<(Outcome, Response<Body>), GatewayError> {
     let peer = &connection.peer;
     let Some(key) = key::extract(request.headers(), &policy.header, policy.max_key_len)? else {
         if policy.required {
             return Err(KeyError::Missing { header: policy.header.clone() }.into());
         }
-        let response = proxy::forward(&route.upstream, request.map(body::boxed), peer).await?;
+        let response = proxy::forward(&route.upstream, request.map(body::boxed), connection).await?;
         return Ok((Outcome::PassedThrough, response));
     };
     check_connection(request.headers(), policy)?;
+    // The attempt header is the gateway's word to the upstream, never the client's.
+    if let Some(name) = &policy.attempt_header {
+        request.headers_mut().remove(name);
+    }
     if proxy::upgrade_requested(request.headers()).is_some() {
         return Err(GatewayError::UpgradeRefused);
     }
@@ -64,9 +72,13 @@ pub async fn handle(
     let body = body::read_bounded(&parts.headers, body, policy.max_request_body, gw.body_read_timeout).await?;
     let fingerprint = fingerprint::compute(&route.name, &policy.fingerprint, &parts, &body);
     let record = RecordKey::new(&gw.key_prefix, &route.name, &scope, &key);
+    trace.record = Some(record.short().to_owned());
 
     let owner = OwnerToken::generate();
-    let claim = match claim::settled(gw, &record, &fingerprint, owner, policy).await {
+    let claiming = Instant::now();
+    let claimed = claim::settled(gw, &record, &fingerprint, owner, policy).await;
+    trace.store += claiming.elapsed();
+    let claim = match claimed {
         Ok(claim) => claim,
         Err(e) => {
             route.metrics.store_error();
@@ -82,10 +94,16 @@ pub async fn handle(
                     // Forward under the owner token all the same: if the claim was made after
                     // all, the exchange settles it and retries replay its answer; if not,
                     // settling finds nothing. A ghost claim never lets a retry run it twice.
+                    let Some(slots) = exchange_slots(gw, connection) else {
+                        return Err(GatewayError::Overloaded);
+                    };
                     let lease = Lease::new(record, owner, 0, policy.lease, policy.in_progress_ttl());
                     route.upstream.prepare(&mut parts, peer);
-                    let exchange = exchange(gw, route, policy, lease, false, Request::from_parts(parts, body));
-                    let mut response = exchange.spawn(&gw.exchanges).await?;
+                    let mut exchange = exchange(gw, route, policy, lease, false, Request::from_parts(parts, body));
+                    exchange.slots = Some(slots);
+                    let (answer, report) = exchange.spawn(&gw.exchanges).await;
+                    trace.record_exchange(report);
+                    let mut response = answer?;
                     response.headers_mut().insert("idempotency-status", HeaderValue::from_static("bypassed"));
                     Ok((Outcome::Bypassed, response))
                 }
@@ -96,23 +114,31 @@ pub async fn handle(
     match claim {
         Claim::Acquired(lease) => {
             tracing::debug!(route = %route.name, key = record.short(), attempt = lease.attempt(), "claimed");
+            let lease_attempt = lease.attempt();
+            // Held until the exchange takes it: if this future is dropped at the await below
+            // (the client went away), the claim is given back instead of blocking its key.
+            let held = claim::Held::new(gw, lease);
             // Checked after the claim so that replays and retries are never refused for load
             // or quota; a refused exchange gives its claim (and its attempt number) back.
             let refused = match exchange_slots(gw, connection) {
-                None => Some(GatewayError::Overloaded),
-                Some(slots) => match new_key_budget(gw, route, policy, &scope, &lease).await {
-                    Some(exceeded) => Some(exceeded),
+                None => GatewayError::Overloaded,
+                Some(slots) => match new_key_budget(gw, route, policy, &scope, held.lease()).await {
+                    Some(exceeded) => exceeded,
                     None => {
                         route.upstream.prepare(&mut parts, peer);
-                        let mut exchange = exchange(gw, route, policy, lease, true, Request::from_parts(parts, body));
+                        let request = Request::from_parts(parts, body);
+                        let mut exchange = exchange(gw, route, policy, held.take(), true, request);
                         exchange.slots = Some(slots);
-                        return Ok((Outcome::Executed, exchange.spawn(&gw.exchanges).await?));
+                        trace.attempt = Some(lease_attempt);
+                        let (answer, report) = exchange.spawn(&gw.exchanges).await;
+                        trace.record_exchange(report);
+                        return Ok((Outcome::Executed, answer?));
                     }
                 },
             };
-            let (key, owner, ttl) = lease.into_release();
+            let (key, owner, ttl) = held.take().into_release();
             claim::release_unsent(gw, route, &key, owner, ttl).await;
-            Err(refused.unwrap_or(GatewayError::Overloaded))
+            Err(refused)
         }
         Claim::Completed(stored) => Ok((Outcome::Replayed, replay::respond(stored, &policy.replay_header))),
         Claim::Executed(head) => {
@@ -175,6 +201,14 @@ fn exchange(
         request,
         abandon: gw.abandon.clone(),
         slots: None,
+        running: gw.metrics.exchanges_running.clone(),
+    }
+}
+
+impl Trace {
+    fn record_exchange(&mut self, report: exchange::Report) {
+        self.upstream = Some(report.upstream);
+        self.store += report.store;
     }
 }
 

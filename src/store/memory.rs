@@ -2,10 +2,12 @@
 //!
 //! For a single instance and for development. Leases, takeover and retention behave exactly as
 //! in Redis (the conformance suite runs against both). Time is tokio's clock, so tests can
-//! advance it. Memory is bounded: past `max_entries` or `max_bytes`, the completed record
-//! closest to its expiry is evicted first (a retry of it would run again, and the upstream's
-//! constraint catches that); open claims are never evicted, and a store full of them refuses
-//! new claims with [`StoreError::Full`], which the route's `on_store_error` policy answers.
+//! advance it. Memory is bounded: past `max_entries` or `max_bytes`, the stored response (or,
+//! for the entry bound, release tombstone) closest to its expiry is evicted first (a retry of
+//! it would run again, and the upstream's constraint catches that). Open claims and unknown
+//! outcomes are never evicted, since evicting either would let a retry run a request that may
+//! be running or may have run; a store full of them refuses new claims with
+//! [`StoreError::Full`], which the route's `on_store_error` policy answers.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -124,15 +126,18 @@ impl Inner {
 
     /// Evicts completed records, soonest to expire first, until `fits` holds. Returns whether
     /// it holds in the end.
-    fn evict_until(&mut self, keep: Option<&RecordKey>, fits: impl Fn(&Self) -> bool) -> bool {
+    /// Evicts records nearest their expiry, of the kinds `evictable` allows, until `fits`.
+    fn evict_until(
+        &mut self,
+        keep: Option<&RecordKey>,
+        evictable: impl Fn(&Slot) -> bool,
+        fits: impl Fn(&Self) -> bool,
+    ) -> bool {
         while !fits(self) {
             let victim = self
                 .expiry
                 .values()
-                .find(|k| {
-                    Some(*k) != keep
-                        && self.entries.get(*k).is_some_and(|slot| !matches!(slot.state, State::InProgress { .. }))
-                })
+                .find(|k| Some(*k) != keep && self.entries.get(*k).is_some_and(&evictable))
                 .cloned();
             match victim {
                 Some(k) => {
@@ -179,7 +184,9 @@ impl Store for MemoryStore {
             }
             None => {
                 let max_entries = self.max_entries;
-                if !inner.evict_until(None, |i| i.entries.len() < max_entries) {
+                let stored_or_released =
+                    |slot: &Slot| matches!(slot.state, State::Completed(_) | State::Executed(_) | State::Released);
+                if !inner.evict_until(None, stored_or_released, |i| i.entries.len() < max_entries) {
                     return Err(StoreError::Full);
                 }
                 let expires = inner.expiry_id(key, now + ttl);
@@ -234,7 +241,8 @@ impl Store for MemoryStore {
             inner.bytes += weight;
             inner.set_expiry(&lease.key, now + retention);
             let max_bytes = self.max_bytes;
-            inner.evict_until(Some(&lease.key), |i| i.bytes <= max_bytes);
+            // Only records that hold bytes free any.
+            inner.evict_until(Some(&lease.key), |slot| slot.weight() > 0, |i| i.bytes <= max_bytes);
         }
         self.waiters.notify(lease.key.as_str());
         Ok(Settled::Done)
@@ -370,6 +378,15 @@ mod tests {
         let store = MemoryStore::new(1, u64::MAX);
         let _held = claim(&store, 1, LEASE, TTL).await.unwrap();
         assert!(matches!(claim(&store, 2, LEASE, TTL).await, Err(StoreError::Full)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn unknown_outcomes_are_never_evicted() {
+        let store = MemoryStore::new(1, u64::MAX);
+        let Claim::Acquired(lease) = claim(&store, 1, LEASE, TTL).await.unwrap() else { panic!("not acquired") };
+        store.settle(&lease, Final::Unknown, TTL).await.unwrap();
+        assert!(matches!(claim(&store, 2, LEASE, TTL).await, Err(StoreError::Full)));
+        assert!(matches!(claim(&store, 1, LEASE, TTL).await.unwrap(), Claim::Unknown { attempt: 1 }));
     }
 
     #[tokio::test(start_paused = true)]
