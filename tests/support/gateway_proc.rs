@@ -21,31 +21,48 @@ pub struct GatewayProc {
 impl GatewayProc {
     /// Starts the binary with `toml` (which should listen on port 0) and waits until it serves.
     pub fn start(toml: &str) -> Self {
+        Self::start_with(toml, &[])
+    }
+
+    /// Starts the binary with `toml` and extra command-line arguments. The addresses come from
+    /// the one line the gateway prints on stdout once bound.
+    pub fn start_with(toml: &str, args: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("gateway.toml");
         std::fs::write(&path, toml).unwrap();
         let mut cmd = Command::new(binary());
-        cmd.arg("--config").arg(&path).env("RUST_LOG", "info").stdout(Stdio::null()).stderr(Stdio::piped());
+        cmd.arg("--config").arg(&path).args(args).env("RUST_LOG", "info");
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         let mut child = spawn_tied(cmd).expect("start idemgate");
+        let stdout = child.stdout.take().unwrap();
         let stderr = child.stderr.take().unwrap();
         let log = Arc::new(Mutex::new(Vec::new()));
-        let (tx, rx) = std::sync::mpsc::channel();
         let sink = Arc::clone(&log);
         // Drain stderr for the whole life of the process: a full pipe would block its logging.
         std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if line.contains("idemgate serving") {
-                    let _ = tx.send(line.clone());
-                }
                 sink.lock().unwrap().push(line);
+            }
+        });
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if line.starts_with("idemgate listening ") {
+                    let _ = tx.send(line);
+                }
             }
         });
         let line = rx.recv_timeout(Duration::from_secs(30)).unwrap_or_else(|_| {
             panic!("gateway did not start:\n{}", log.lock().unwrap().join("\n"));
         });
-        let addr = field(&line, "listen=").parse().unwrap();
+        let addr = field(&line, "proxy=").parse().unwrap();
         let admin = field(&line, "admin=").parse().unwrap();
         Self { addr, admin, child, log, _dir: dir }
+    }
+
+    /// The log lines written so far.
+    pub fn log_lines(&self) -> Vec<String> {
+        self.log.lock().unwrap().clone()
     }
 
     pub fn client(&self) -> Client {
