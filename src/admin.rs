@@ -8,6 +8,8 @@
 //! GET    /healthz                                 200 while the process runs (HEAD too)
 //! GET    /readyz                                  200 when the store answers and not draining
 //! GET    /metrics                                 Prometheus text format
+//! GET    /policy                                  the idempotency policy, Markdown (public)
+//! GET    /routes                                  the routing table with policies, JSON (token)
 //! GET    /keys?route=R&key=K[&scope_hash=H]   the record of key K (JSON)
 //! DELETE /keys?route=R&key=K[&scope_hash=H]   release it
 //! ```
@@ -76,8 +78,14 @@ pub async fn serve(listener: TcpListener, admin: Admin, draining: CancellationTo
 }
 
 /// The admin endpoints and the methods each allows (HEAD wherever GET is).
-const ENDPOINTS: [(&str, &str); 4] =
-    [("/healthz", "GET, HEAD"), ("/readyz", "GET, HEAD"), ("/metrics", "GET, HEAD"), ("/keys", "GET, HEAD, DELETE")];
+const ENDPOINTS: [(&str, &str); 6] = [
+    ("/healthz", "GET, HEAD"),
+    ("/readyz", "GET, HEAD"),
+    ("/metrics", "GET, HEAD"),
+    ("/policy", "GET, HEAD"),
+    ("/routes", "GET, HEAD"),
+    ("/keys", "GET, HEAD, DELETE"),
+];
 
 async fn handle(admin: &Admin, draining: &CancellationToken, request: Request<Incoming>) -> Response<Body> {
     // HEAD is GET without the body, which hyper leaves out of the response by itself.
@@ -104,6 +112,18 @@ async fn handle(admin: &Admin, draining: &CancellationToken, request: Request<In
                 HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
             );
             r
+        }
+        // Public by design: the policy is what the API's clients are meant to read.
+        (&Method::GET, "/policy") => {
+            let mut r = Response::new(body::full(crate::publish::markdown(gw.route_configs())));
+            r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/markdown; charset=utf-8"));
+            r
+        }
+        (&Method::GET, "/routes") => {
+            if let Some(denied) = authorize(admin, request.headers()) {
+                return denied;
+            }
+            json_response(StatusCode::OK, &crate::publish::routes_json(gw.route_configs()))
         }
         (method @ (&Method::GET | &Method::DELETE), "/keys") => {
             if let Some(denied) = authorize(admin, request.headers()) {

@@ -23,7 +23,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::access::{self, Trace};
 use crate::body::{self, Body};
-use crate::config::Config;
+use crate::config::{Config, RouteConfig};
 use crate::connection::Connection;
 use crate::error::{self, GatewayError};
 use crate::idempotent;
@@ -79,6 +79,7 @@ pub struct Gateway {
     pub exchange_slots: Arc<Semaphore>,
     /// Deadline of an idempotent route's whole request body.
     pub body_read_timeout: Duration,
+    route_configs: Vec<RouteConfig>,
 }
 
 impl Gateway {
@@ -125,7 +126,13 @@ impl Gateway {
             abandon: CancellationToken::new(),
             exchange_slots: Arc::new(Semaphore::new(config.server.limits.max_exchanges)),
             body_read_timeout: config.server.limits.body_read_timeout,
+            route_configs: config.routes.clone(),
         })
+    }
+
+    /// The routes as configured, in file order (for the published policy and `/routes`).
+    pub fn route_configs(&self) -> &[RouteConfig] {
+        &self.route_configs
     }
 
     /// The route named `name`.

@@ -30,7 +30,8 @@
 //! - [`forwarded`]: `Forwarded` / `X-Forwarded-*`, believed only from trusted proxies;
 //! - [`error`]: every error, mapped to problem+json in one place;
 //! - [`access`]: one access log line per request;
-//! - [`admin`]: health, readiness, metrics, key inspect/purge;
+//! - [`admin`]: health, readiness, metrics, key inspect/purge, published policy, routes;
+//! - [`publish`]: the idempotency policy of every route, as Markdown and JSON;
 //! - [`metrics`]: Prometheus counters;
 //! - [`config`]: `gateway.toml`, validated into runtime types.
 
@@ -47,6 +48,7 @@ pub mod idempotent;
 pub mod metrics;
 pub mod path;
 pub mod proxy;
+pub mod publish;
 pub mod route;
 pub mod router;
 pub mod server;

@@ -30,12 +30,24 @@ struct Cli {
 enum Command {
     /// Validate the configuration and exit: 0 when valid, 1 with every problem listed.
     Check,
+    /// Print the idempotency policy of every route as Markdown, for the API's clients.
+    Policy,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Some(Command::Check) => check(&cli.config),
+        Some(Command::Policy) => match Config::load(&cli.config) {
+            Ok(config) => {
+                print!("{}", idemgate::publish::markdown(&config.routes));
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("{e}");
+                ExitCode::FAILURE
+            }
+        },
         None => serve(&cli.config, cli.log_format),
     }
 }

@@ -122,3 +122,55 @@ async fn metrics_have_latency_histograms_and_gauges() {
         assert!(text.contains(needle), "missing {needle} in\n{text}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_policy_is_published_by_the_cli_and_the_admin_listener() {
+    let upstream = TestUpstream::start().await;
+    let config = toml(upstream.addr, r#"admin_token = "test-admin-token-0123456789""#)
+        .replace("[routes.idempotency]", "[routes.idempotency]\nignore = [\"/client_ts\"]\nmax_new_keys = \"100/s\"");
+    let gw = GatewayProc::start(&config);
+    let admin = Client::new(gw.admin);
+
+    let published = admin.get("/policy", &[]).await;
+    assert_eq!(published.status, 200, "the policy is public");
+    assert_eq!(published.header("content-type"), Some("text/markdown; charset=utf-8"));
+    let markdown = String::from_utf8(published.body.to_vec()).unwrap();
+    for needle in [
+        "## POST /orders (route `orders`)",
+        "`idempotency-key` header",
+        "`header:authorization`",
+        "JSON fields ignored: `/client_ts`",
+        "| lease | 10s (renewed while the request runs)",
+        "answers are replayed for 24h",
+        "4xx except 400, 408, 409, 422, 425, 429",
+        "held: retries get 502 `outcome-unknown`",
+        "at most 100 new keys per caller per 1s",
+    ] {
+        assert!(markdown.contains(needle), "missing {needle:?} in\n{markdown}");
+    }
+    assert!(!markdown.contains("route `rest`"), "only idempotent routes publish a policy");
+
+    // The CLI prints the same document from the file.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gateway.toml");
+    std::fs::write(&path, &config).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemgate"))
+        .arg("policy")
+        .arg("--config")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), markdown);
+
+    // The routing table needs the token.
+    assert_eq!(admin.get("/routes", &[]).await.status, 401);
+    let routes = admin.get("/routes", &[("authorization", "Bearer test-admin-token-0123456789")]).await.json();
+    assert_eq!(routes[0]["name"], "orders");
+    assert_eq!(routes[0]["methods"], serde_json::json!(["POST"]));
+    assert_eq!(routes[0]["path"], "/orders");
+    assert_eq!(routes[0]["idempotency"]["lease_ms"], 10_000);
+    assert_eq!(routes[0]["idempotency"]["max_new_keys"]["count"], 100);
+    assert_eq!(routes[1]["name"], "rest");
+    assert!(routes[1]["idempotency"].is_null());
+}

@@ -226,6 +226,31 @@ impl StatusSet {
     }
 }
 
+impl StatusSet {
+    /// The set in the config's words: whole classes as `"2xx"`, a class with exceptions as
+    /// `"4xx except 400, 429"`, single codes as themselves.
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        for class in 1..=5u16 {
+            let codes: Vec<u16> = (class * 100..class * 100 + 100).collect();
+            let inside: Vec<u16> = codes.iter().copied().filter(|c| self.contains_code(*c)).collect();
+            if inside.is_empty() {
+                continue;
+            }
+            let missing: Vec<u16> = codes.iter().copied().filter(|c| !self.contains_code(*c)).collect();
+            let list = |v: &[u16]| v.iter().map(u16::to_string).collect::<Vec<_>>().join(", ");
+            if missing.is_empty() {
+                parts.push(format!("{class}xx"));
+            } else if missing.len() <= 10 {
+                parts.push(format!("{class}xx except {}", list(&missing)));
+            } else {
+                parts.push(list(&inside));
+            }
+        }
+        if parts.is_empty() { "none".into() } else { parts.join("; ") }
+    }
+}
+
 impl std::fmt::Debug for StatusSet {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let count: u32 = self.0.iter().map(|word| word.count_ones()).sum();
@@ -270,6 +295,15 @@ mod tests {
         for bad in ["6xx", "0xx", "99", "600", "ok", "2x"] {
             assert!(s.insert_text(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn status_sets_describe_themselves_in_config_words() {
+        let default =
+            StatusSet::from_entries(&["2xx", "3xx", "4xx", "!400", "!408", "!409", "!422", "!425", "!429"]).unwrap();
+        assert_eq!(default.describe(), "2xx; 3xx; 4xx except 400, 408, 409, 422, 425, 429");
+        assert_eq!(StatusSet::from_entries(&["201", "204"]).unwrap().describe(), "201, 204");
+        assert_eq!(StatusSet::empty().describe(), "none");
     }
 
     #[test]

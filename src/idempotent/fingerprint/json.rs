@@ -36,6 +36,15 @@ impl JsonPointer {
     }
 }
 
+impl std::fmt::Display for JsonPointer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for token in &self.0 {
+            write!(f, "/{}", token.replace('~', "~0").replace('/', "~1"))?;
+        }
+        Ok(())
+    }
+}
+
 /// Why a body has no canonical JSON form.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum NotCanonical {

@@ -1,0 +1,190 @@
+//! The published policy: what each route promises its clients, as the IETF draft asks a
+//! resource to publish (key format, retention, what is fingerprinted), rendered from the
+//! running configuration so that it can never drift from what the gateway does.
+//!
+//! - [`markdown`]: the policy of every idempotent route, for people (`idemgate policy`,
+//!   admin `GET /policy`);
+//! - [`routes_json`]: the live routing table with each route's policy, for tools (admin
+//!   `GET /routes`).
+
+use std::fmt::Write;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::config::RouteConfig;
+use crate::idempotent::policy::{IdempotencyPolicy, StoreFailurePolicy, UnknownOutcomePolicy};
+use crate::idempotent::scope::{MissingScope, ScopeSource};
+
+/// A duration the way the config writes it: `"24h"`, `"10s"`, `"250ms"`.
+fn duration(d: Duration) -> String {
+    let ms = d.as_millis();
+    match ms {
+        _ if ms % 3_600_000 == 0 => format!("{}h", ms / 3_600_000),
+        _ if ms % 60_000 == 0 => format!("{}m", ms / 60_000),
+        _ if ms % 1000 == 0 => format!("{}s", ms / 1000),
+        _ => format!("{ms}ms"),
+    }
+}
+
+fn methods(route: &RouteConfig) -> String {
+    route.methods.as_ref().map_or_else(
+        || "any method".to_owned(),
+        |ms| ms.iter().map(http::Method::as_str).collect::<Vec<_>>().join(", "),
+    )
+}
+
+fn scope(policy: &IdempotencyPolicy) -> String {
+    match &policy.scope {
+        ScopeSource::Global => "none: every caller shares one key space".into(),
+        ScopeSource::Caller(sources) => {
+            let names: Vec<String> = sources.iter().map(|s| format!("`{}`", s.describe())).collect();
+            let missing = match policy.on_missing_scope {
+                MissingScope::Reject => "a keyed request without it is refused (400 `scope-missing`)",
+                MissingScope::Anonymous => "requests without it share one anonymous key space",
+            };
+            format!("keys are kept per caller, identified by {} (hashed); {missing}", names.join(" and "))
+        }
+    }
+}
+
+fn fingerprint(policy: &IdempotencyPolicy) -> String {
+    let mut out = String::from(
+        "method, path, query parameters (sorted by name), media type and `Content-Encoding`, body \
+         (JSON and forms canonicalised, other bodies byte for byte)",
+    );
+    if !policy.fingerprint.ignore.is_empty() {
+        let ignored: Vec<String> = policy.fingerprint.ignore.iter().map(|p| format!("`{p}`")).collect();
+        let _ = write!(out, "; JSON fields ignored: {}", ignored.join(", "));
+    }
+    if !policy.fingerprint.headers.is_empty() {
+        let headers: Vec<String> = policy.fingerprint.headers.iter().map(|h| format!("`{h}`")).collect();
+        let _ = write!(out, "; headers: {}", headers.join(", "));
+    }
+    out
+}
+
+fn size(bytes: usize) -> String {
+    bytesize::ByteSize(bytes as u64).display().iec().to_string()
+}
+
+/// The policy of every idempotent route, as Markdown.
+pub fn markdown(routes: &[RouteConfig]) -> String {
+    let mut out = String::from(
+        "# Idempotency policy\n\nSend one `Idempotency-Key` per logical request and the same key on every \
+         retry of it. Errors are `application/problem+json`.\n",
+    );
+    for route in routes {
+        let Some(p) = &route.idempotency else { continue };
+        let _ = write!(out, "\n## {} {} (route `{}`)\n\n| | |\n|---|---|\n", methods(route), route.path, route.name);
+        let mut row = |name: &str, value: String| {
+            let _ = writeln!(out, "| {name} | {} |", value.replace('|', "\\|"));
+        };
+        row(
+            "key",
+            format!(
+                "`{}` header: a Structured Field string (`\"...\"`) or a bare token, 1 to {} printable ASCII characters",
+                p.header, p.max_key_len
+            ),
+        );
+        row(
+            "required",
+            if p.required {
+                "yes: a request without a key gets 400 `key-missing`".into()
+            } else {
+                "no: a request without a key is forwarded without protection".into()
+            },
+        );
+        row("scope", scope(p));
+        row("what makes two requests the same", fingerprint(p));
+        let renew = if p.renew { "renewed while the request runs" } else { "not renewed" };
+        row(
+            "lease",
+            format!("{} ({renew}); a gateway that dies mid-request frees the key after it", duration(p.lease)),
+        );
+        row(
+            "a retry while the first runs",
+            format!("waits up to {}, then 409 `in-progress` with `Retry-After`", duration(p.wait)),
+        );
+        row("retention", format!("answers are replayed for {}", duration(p.retention)));
+        row(
+            "stored statuses",
+            format!("{}; any other status releases the key, and a retry runs again", p.store_statuses.describe()),
+        );
+        row(
+            "outcome unknown (sent, no complete answer)",
+            match p.on_unknown_outcome {
+                UnknownOutcomePolicy::Hold => "held: retries get 502 `outcome-unknown` and are not run again".into(),
+                UnknownOutcomePolicy::Release => {
+                    "released: a retry runs again (the API deduplicates on the key)".into()
+                }
+            },
+        );
+        row(
+            "store unavailable",
+            match p.on_store_error {
+                StoreFailurePolicy::FailClosed => "503 `store-unavailable`, nothing forwarded".into(),
+                StoreFailurePolicy::FailOpen => {
+                    "forwarded without protection, marked `Idempotency-Status: bypassed`".into()
+                }
+            },
+        );
+        let mut limits = vec![
+            format!("request body at most {} (413)", size(p.max_request_body)),
+            format!("answers over {} are not kept: retries get `response-not-stored`", size(p.max_stored_body)),
+        ];
+        if let Some(q) = p.max_new_keys {
+            limits.push(format!("at most {} new keys per caller per {} (429)", q.count, duration(q.window)));
+        }
+        row("limits", limits.join("; "));
+        row("replays", format!("marked `{}: true`; cookies and credentials are never replayed", p.replay_header));
+        if let Some(name) = &p.attempt_header {
+            row("attempts", format!("the API receives `{name}: N`, 1 for a key's first execution"));
+        }
+    }
+    out
+}
+
+/// The live routing table, each route with its policy, as JSON.
+pub fn routes_json(routes: &[RouteConfig]) -> Value {
+    Value::Array(
+        routes
+            .iter()
+            .map(|r| {
+                json!({
+                    "name": r.name,
+                    "methods": r.methods.as_ref().map(|ms| ms.iter().map(|m| m.as_str().to_owned()).collect::<Vec<_>>()),
+                    "path": r.path,
+                    "upstream": r.upstream,
+                    "idempotency": r.idempotency.as_ref().map(|p| policy_json(p)),
+                })
+            })
+            .collect(),
+    )
+}
+
+fn policy_json(p: &IdempotencyPolicy) -> Value {
+    let ms = |d: Duration| d.as_millis() as u64;
+    json!({
+        "header": p.header.as_str(),
+        "required": p.required,
+        "max_key_len": p.max_key_len,
+        "scope": p.scope.sources().iter().map(|s| s.describe()).collect::<Vec<_>>(),
+        "scope_global": matches!(p.scope, ScopeSource::Global),
+        "on_missing_scope": match p.on_missing_scope { MissingScope::Reject => "reject", MissingScope::Anonymous => "anonymous" },
+        "ignore": p.fingerprint.ignore.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        "fingerprint_headers": p.fingerprint.headers.iter().map(|h| h.as_str().to_owned()).collect::<Vec<_>>(),
+        "lease_ms": ms(p.lease),
+        "renew": p.renew,
+        "wait_ms": ms(p.wait),
+        "retention_ms": ms(p.retention),
+        "store_statuses": p.store_statuses.describe(),
+        "on_unknown_outcome": match p.on_unknown_outcome { UnknownOutcomePolicy::Hold => "hold", UnknownOutcomePolicy::Release => "release" },
+        "on_store_error": match p.on_store_error { StoreFailurePolicy::FailClosed => "fail-closed", StoreFailurePolicy::FailOpen => "fail-open" },
+        "max_request_body": p.max_request_body,
+        "max_stored_body": p.max_stored_body,
+        "max_new_keys": p.max_new_keys.map(|q| json!({ "count": q.count, "window_ms": ms(q.window) })),
+        "attempt_header": p.attempt_header.as_ref().map(|h| h.as_str().to_owned()),
+        "replay_header": p.replay_header.as_str(),
+    })
+}
