@@ -258,6 +258,16 @@ impl Config {
     /// Validates TOML text; `origin` names it in errors (a file path, or e.g. `"<test>"`).
     /// Every problem is reported: unknown keys, wrongly typed values and invalid values alike.
     pub fn from_toml(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        Self::from_toml_with_env(text, origin, &|name| std::env::var(name).ok())
+    }
+
+    /// Like [`Config::from_toml`], with `env` standing in for the process environment (the
+    /// secrets a file names by variable).
+    pub fn from_toml_with_env(
+        text: &str,
+        origin: &str,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
         let read = source::read(text).map_err(|e| ConfigError::Syntax {
             file: origin.to_owned(),
             message: e.message,
@@ -265,7 +275,7 @@ impl Config {
         })?;
         let mut issues = read.issues;
         let config = match read.file {
-            Some(file) => match validate::build(file, &|name| std::env::var(name).ok()) {
+            Some(file) => match validate::build(file, env) {
                 Ok(mut config) => {
                     config.warnings = validate::warnings(&config)
                         .into_iter()

@@ -140,7 +140,7 @@ fn dockerfile_builds_and_ships_both_binaries() {
     assert_clean("Dockerfile", check_dockerfile(&Stack::load()));
 }
 
-/// What keeps the files usable beyond the newest tools: docker-compose v1 (1.29, still shipped
+/// What keeps the files usable beyond the newest tools, and the image small: docker-compose v1 (1.29, still shipped
 /// by some distributions) rejects top-level keys other than these, among them `name:`; and a
 /// `# syntax=` directive makes BuildKit pull a frontend image before building, which fails
 /// offline and behind registries that mirror only base images.
@@ -156,6 +156,15 @@ fn check_portability(compose: &str, dockerfile: &str) -> Vec<String> {
             }
         }
         other => problems.push(format!("{COMPOSE_FILE}: not a YAML mapping: {other:?}")),
+    }
+    // The shipped binaries are stripped (the release profile keeps line tables for profiling).
+    for bin in [GATEWAY_BIN, ORDERS_BIN] {
+        let stripped = dockerfile.lines().any(|l| {
+            l.trim_start().starts_with("RUN") && l.contains("strip ") && l.contains(&format!("target/release/{bin}"))
+        });
+        if !stripped {
+            problems.push(format!("Dockerfile: `{bin}` is shipped unstripped (RUN strip target/release/{bin})"));
+        }
     }
     // Parser directives are `# key=value` comments before anything else in the file.
     for line in dockerfile.lines().take_while(|l| l.starts_with('#')) {
@@ -184,6 +193,10 @@ fn broken_portability_is_caught() {
     assert_caught(
         check_portability(&compose, &format!("# syntax=docker/dockerfile:1\n{dockerfile}")),
         "fetch a frontend image",
+    );
+    assert_caught(
+        check_portability(&compose, &dockerfile.replace("RUN strip target/release/idemgate", "RUN true")),
+        "`idemgate` is shipped unstripped",
     );
 }
 
