@@ -10,6 +10,7 @@
 //! GET    /metrics                                 Prometheus text format
 //! GET    /policy                                  the idempotency policy, Markdown (public)
 //! GET    /routes                                  the routing table with policies, JSON (token)
+//! POST   /reload                                  re-read the config file (token)
 //! GET    /keys?route=R&key=K[&scope_hash=H]   the record of key K (JSON)
 //! DELETE /keys?route=R&key=K[&scope_hash=H]   release it
 //! ```
@@ -38,20 +39,21 @@ use crate::error::admin_problem;
 use crate::gateway::Gateway;
 use crate::idempotent::key;
 use crate::idempotent::scope::{self, MissingScope, Scope};
+use crate::reload::Live;
 use crate::store::{EntryState, RecordKey, Store};
 
 /// The admin service's shared state.
 #[derive(Clone)]
 pub struct Admin {
-    gateway: Arc<Gateway>,
+    live: Arc<Live>,
     /// SHA-256 of the token: compared in constant time regardless of the token's length.
     token_hash: Option<[u8; 32]>,
 }
 
 impl Admin {
     /// An admin service; key endpoints are enabled only with a token.
-    pub fn new(gateway: Arc<Gateway>, token: Option<String>) -> Self {
-        Self { gateway, token_hash: token.map(|t| Sha256::digest(t.trim().as_bytes()).into()) }
+    pub fn new(live: Arc<Live>, token: Option<String>) -> Self {
+        Self { live, token_hash: token.map(|t| Sha256::digest(t.trim().as_bytes()).into()) }
     }
 }
 
@@ -78,19 +80,20 @@ pub async fn serve(listener: TcpListener, admin: Admin, draining: CancellationTo
 }
 
 /// The admin endpoints and the methods each allows (HEAD wherever GET is).
-const ENDPOINTS: [(&str, &str); 6] = [
+const ENDPOINTS: [(&str, &str); 7] = [
     ("/healthz", "GET, HEAD"),
     ("/readyz", "GET, HEAD"),
     ("/metrics", "GET, HEAD"),
     ("/policy", "GET, HEAD"),
     ("/routes", "GET, HEAD"),
+    ("/reload", "POST"),
     ("/keys", "GET, HEAD, DELETE"),
 ];
 
 async fn handle(admin: &Admin, draining: &CancellationToken, request: Request<Incoming>) -> Response<Body> {
     // HEAD is GET without the body, which hyper leaves out of the response by itself.
     let method = if request.method() == Method::HEAD { &Method::GET } else { request.method() };
-    let gw = &admin.gateway;
+    let gw = &admin.live.gateway();
     match (method, request.uri().path()) {
         (&Method::GET, "/healthz") => text(StatusCode::OK, "ok\n"),
         (&Method::GET, "/readyz") => {
@@ -119,6 +122,23 @@ async fn handle(admin: &Admin, draining: &CancellationToken, request: Request<In
             r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/markdown; charset=utf-8"));
             r
         }
+        (&Method::POST, "/reload") => {
+            if let Some(denied) = authorize(admin, request.headers()) {
+                return denied;
+            }
+            match admin.live.reload() {
+                Ok(done) => {
+                    json_response(StatusCode::OK, &json!({ "reloaded": true, "needs_restart": done.needs_restart }))
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "reload refused; the running configuration stays");
+                    json_response(
+                        StatusCode::UNPROCESSABLE_ENTITY,
+                        &json!({ "reloaded": false, "error": e.to_string() }),
+                    )
+                }
+            }
+        }
         (&Method::GET, "/routes") => {
             if let Some(denied) = authorize(admin, request.headers()) {
                 return denied;
@@ -145,7 +165,7 @@ async fn handle(admin: &Admin, draining: &CancellationToken, request: Request<In
 }
 
 fn authorize(admin: &Admin, headers: &HeaderMap) -> Option<Response<Body>> {
-    let gw = &admin.gateway;
+    let gw = &admin.live.gateway();
     let Some(expected) = admin.token_hash else {
         return Some(problem(
             gw,

@@ -58,6 +58,15 @@ pub enum SetupError {
     },
 }
 
+/// What a gateway keeps across reloads.
+struct Shared {
+    store: Arc<Backend>,
+    metrics: Arc<Metrics>,
+    exchanges: TaskTracker,
+    abandon: CancellationToken,
+    exchange_slots: Arc<Semaphore>,
+}
+
 /// Everything the request path needs, shared by all connections.
 pub struct Gateway {
     router: Router<Arc<Route>>,
@@ -91,7 +100,33 @@ impl Gateway {
             metrics.register_store_data_loss(redis.data_loss_counter());
         }
         metrics.register_store_latency(store.call_latency());
-        let metrics = Arc::new(metrics);
+        let shared = Shared {
+            store: Arc::new(store),
+            metrics: Arc::new(metrics),
+            exchanges: TaskTracker::new(),
+            abandon: CancellationToken::new(),
+            exchange_slots: Arc::new(Semaphore::new(config.server.limits.max_exchanges)),
+        };
+        Self::build(config, shared)
+    }
+
+    /// A gateway for a reloaded `config` that keeps this one's store, metrics, running
+    /// exchanges and limits: requests in flight finish on the gateway they started with, new
+    /// ones get the new routes and upstreams. (What a reload cannot change is reported by
+    /// [`crate::reload`].)
+    pub fn rebuild(&self, config: &Config) -> Result<Self, SetupError> {
+        let shared = Shared {
+            store: Arc::clone(&self.store),
+            metrics: Arc::clone(&self.metrics),
+            exchanges: self.exchanges.clone(),
+            abandon: self.abandon.clone(),
+            exchange_slots: Arc::clone(&self.exchange_slots),
+        };
+        Self::build(config, shared)
+    }
+
+    fn build(config: &Config, shared: Shared) -> Result<Self, SetupError> {
+        let Shared { store, metrics, exchanges, abandon, exchange_slots } = shared;
         let mut upstreams = HashMap::new();
         for u in &config.upstreams {
             upstreams.insert(u.name.clone(), Arc::new(Upstream::new(u)?));
@@ -118,13 +153,13 @@ impl Gateway {
         Ok(Self {
             router,
             routes,
-            store: Arc::new(store),
+            store,
             key_prefix: config.store.key_prefix.clone(),
             problem_base: config.server.problem_base.clone(),
             metrics,
-            exchanges: TaskTracker::new(),
-            abandon: CancellationToken::new(),
-            exchange_slots: Arc::new(Semaphore::new(config.server.limits.max_exchanges)),
+            exchanges,
+            abandon,
+            exchange_slots,
             body_read_timeout: config.server.limits.body_read_timeout,
             route_configs: config.routes.clone(),
         })

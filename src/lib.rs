@@ -32,6 +32,7 @@
 //! - [`access`]: one access log line per request;
 //! - [`admin`]: health, readiness, metrics, key inspect/purge, published policy, routes;
 //! - [`publish`]: the idempotency policy of every route, as Markdown and JSON;
+//! - [`reload`]: a new configuration without a restart (SIGHUP, `POST /reload`);
 //! - [`metrics`]: Prometheus counters;
 //! - [`config`]: `gateway.toml`, validated into runtime types.
 
@@ -49,6 +50,7 @@ pub mod metrics;
 pub mod path;
 pub mod proxy;
 pub mod publish;
+pub mod reload;
 pub mod route;
 pub mod router;
 pub mod server;

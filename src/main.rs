@@ -116,7 +116,7 @@ fn serve(path: &std::path::Path, log_format: Option<LogFormat>) -> ExitCode {
         }
     };
     runtime.block_on(async {
-        let server = match Server::bind(&config).await {
+        let server = match Server::bind_reloadable(&config, Some(path.to_path_buf())).await {
             Ok(s) => s,
             Err(e) => {
                 eprintln!("{}: {e}", path.display());
@@ -130,9 +130,26 @@ fn serve(path: &std::path::Path, log_format: Option<LogFormat>) -> ExitCode {
         println!("idemgate listening proxy={} admin={admin}", server.local_addr());
         let _ = std::io::Write::flush(&mut std::io::stdout());
         server.warn_if_store_unreachable();
+        reload_on_sighup(server.live());
         server.run(shutdown_signal()).await;
         ExitCode::SUCCESS
     })
+}
+
+/// Reloads the configuration on every SIGHUP (which would otherwise end the process). A bad
+/// file is logged and the running configuration stays.
+fn reload_on_sighup(live: std::sync::Arc<idemgate::reload::Live>) {
+    let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else {
+        tracing::warn!("cannot install the SIGHUP handler; reload with POST /reload on the admin listener");
+        return;
+    };
+    tokio::spawn(async move {
+        while hup.recv().await.is_some() {
+            if let Err(e) = live.reload() {
+                tracing::error!(error = %e, "reload refused; the running configuration stays");
+            }
+        }
+    });
 }
 
 /// Completes on the first SIGTERM or SIGINT; a second one ends the process at once.

@@ -32,6 +32,7 @@ use crate::config::{Config, Limits};
 use crate::connection::{Connection, Expired, Watched};
 use crate::forwarded::{Peer, TrustedProxies};
 use crate::gateway::{Gateway, SetupError};
+use crate::reload::Live;
 use crate::store::Store;
 
 /// After the grace period, how long connections get to deliver the answers of abandoned
@@ -59,7 +60,7 @@ pub enum ServeError {
 
 /// A bound, not yet running gateway.
 pub struct Server {
-    gateway: Arc<Gateway>,
+    live: Arc<Live>,
     listener: TcpListener,
     admin: Option<(TcpListener, Admin)>,
     grace: Duration,
@@ -74,17 +75,22 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
 impl Server {
     /// Builds the gateway and binds its listeners (port 0 picks a free port).
     pub async fn bind(config: &Config) -> Result<Self, ServeError> {
-        let gateway = Arc::new(Gateway::new(config)?);
+        Self::bind_reloadable(config, None).await
+    }
+
+    /// Like [`Server::bind`], reloadable from `source` (SIGHUP, `POST /reload`).
+    pub async fn bind_reloadable(config: &Config, source: Option<std::path::PathBuf>) -> Result<Self, ServeError> {
+        let live = Arc::new(Live::new(Gateway::new(config)?, config.clone(), source));
         let listener = bind(config.server.listen).await?;
         let admin = match config.server.admin_listen {
             Some(addr) => {
-                let admin = Admin::new(Arc::clone(&gateway), config.server.admin_token.clone());
+                let admin = Admin::new(Arc::clone(&live), config.server.admin_token.clone());
                 Some((bind(addr).await?, admin))
             }
             None => None,
         };
         Ok(Self {
-            gateway,
+            live,
             listener,
             admin,
             grace: config.server.shutdown_grace,
@@ -104,9 +110,14 @@ impl Server {
         self.admin.as_ref().and_then(|(l, _)| l.local_addr().ok())
     }
 
-    /// The shared gateway state.
-    pub fn gateway(&self) -> &Arc<Gateway> {
-        &self.gateway
+    /// The gateway serving new requests now.
+    pub fn gateway(&self) -> Arc<Gateway> {
+        self.live.gateway()
+    }
+
+    /// The gateway in service and its reloading.
+    pub fn live(&self) -> Arc<Live> {
+        Arc::clone(&self.live)
     }
 
     /// Logs a warning when the store does not answer at startup. The gateway serves anyway
@@ -114,7 +125,7 @@ impl Server {
     /// operator who mistyped the Redis URL should hear of it now, not at the first request.
     /// The check runs in the background, so serving does not wait for it.
     pub fn warn_if_store_unreachable(&self) {
-        let gateway = Arc::clone(&self.gateway);
+        let gateway = self.live.gateway();
         tokio::spawn(async move {
             if let Err(e) = gateway.store.ping().await {
                 tracing::warn!(
@@ -128,7 +139,7 @@ impl Server {
 
     /// Serves until `shutdown` completes, then drains (see the module docs).
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
-        let Self { gateway, listener, admin, grace, limits, trusted } = self;
+        let Self { live, listener, admin, grace, limits, trusted } = self;
         let draining = CancellationToken::new();
         let admin_task = admin.map(|(l, a)| tokio::spawn(admin::serve(l, a, draining.clone())));
         let connections = TaskTracker::new();
@@ -156,7 +167,7 @@ impl Server {
                     connections.spawn(serve_connection(
                         stream,
                         connection,
-                        Arc::clone(&gateway),
+                        Arc::clone(&live),
                         Arc::clone(&builder),
                         draining.clone(),
                     ));
@@ -173,6 +184,8 @@ impl Server {
         let deadline = Instant::now() + grace;
         tracing::info!(grace = ?grace, "shutting down: draining connections and exchanges");
         connections.close();
+        // Exchanges, store and abandon token are shared by every reloaded gateway.
+        let gateway = live.gateway();
         let drain = connections.wait();
         tokio::pin!(drain);
         let drained = tokio::time::timeout_at(deadline, &mut drain).await.is_ok();
@@ -222,13 +235,14 @@ fn http_builder(limits: &Limits) -> auto::Builder<TokioExecutor> {
 async fn serve_connection(
     stream: TcpStream,
     connection: Arc<Connection>,
-    gateway: Arc<Gateway>,
+    live: Arc<Live>,
     builder: Arc<auto::Builder<TokioExecutor>>,
     draining: CancellationToken,
 ) {
     let c = Arc::clone(&connection);
     let service = service_fn(move |request: Request<Incoming>| {
-        let (gw, c) = (Arc::clone(&gateway), Arc::clone(&c));
+        // The gateway of the moment: a reload applies to the next request, on every connection.
+        let (gw, c) = (live.gateway(), Arc::clone(&c));
         async move {
             let guard = c.request(request.version() == Version::HTTP_2);
             let response = gw.handle(request, &c).await;

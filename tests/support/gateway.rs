@@ -26,7 +26,7 @@ impl TestGateway {
         let server = Server::bind(&config).await.unwrap();
         let addr = server.local_addr();
         let admin = server.admin_addr();
-        let gateway = Arc::clone(server.gateway());
+        let gateway = server.gateway();
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(server.run(async move {
             let _ = stopped.await;

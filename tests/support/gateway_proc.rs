@@ -60,6 +60,18 @@ impl GatewayProc {
         Self { addr, admin, child, log, _dir: dir }
     }
 
+    /// The configuration file the gateway reads (and re-reads on reload).
+    pub fn config_path(&self) -> std::path::PathBuf {
+        self._dir.path().join("gateway.toml")
+    }
+
+    /// Sends SIGHUP: reload the configuration.
+    pub fn sighup(&self) {
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, libc::SIGHUP);
+        }
+    }
+
     /// The log lines written so far.
     pub fn log_lines(&self) -> Vec<String> {
         self.log.lock().unwrap().clone()

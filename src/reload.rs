@@ -1,0 +1,106 @@
+//! Reload: a new `gateway.toml` without a restart (SIGHUP, or `POST /reload` on the admin
+//! listener).
+//!
+//! The file is read and validated in full first; a bad file is logged and the running
+//! configuration stays. A good one becomes a new [`Gateway`] (routes, upstreams, policies,
+//! problem base, body timeout) that shares the running one's store, metrics and exchanges,
+//! and is swapped in atomically: requests in flight finish on the gateway they started with,
+//! new requests get the new one. What lives outside the gateway — the listeners, the store,
+//! connection limits, trusted proxies, the admin token, threads, logging — cannot change
+//! under a running process; such changes are reported as needing a restart, and the running
+//! values stay.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use arc_swap::ArcSwap;
+use thiserror::Error;
+
+use crate::config::{Config, ConfigError};
+use crate::gateway::{Gateway, SetupError};
+
+/// The gateway in service, and how to reload it.
+pub struct Live {
+    gateway: ArcSwap<Gateway>,
+    /// The configuration the process started with: what it runs of `[server]` and `[store]`
+    /// until a restart.
+    started: Config,
+    /// Where to read a reloaded configuration from; none for a gateway built in memory.
+    source: Option<PathBuf>,
+    /// One reload at a time.
+    reloading: Mutex<()>,
+}
+
+/// What a reload did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reloaded {
+    /// Settings that changed in the file but keep their running value until a restart.
+    pub needs_restart: Vec<&'static str>,
+}
+
+/// Why a reload did not happen. The running configuration stays in every case.
+#[derive(Debug, Error)]
+pub enum ReloadError {
+    /// This gateway was not started from a file.
+    #[error("no configuration file to reload from")]
+    NoSource,
+    /// The file is unreadable or invalid.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The new routes or upstreams could not be set up.
+    #[error(transparent)]
+    Setup(#[from] SetupError),
+}
+
+impl Live {
+    /// The gateway built from `started`, reloadable from `source`.
+    pub fn new(gateway: Gateway, started: Config, source: Option<PathBuf>) -> Self {
+        Self { gateway: ArcSwap::from_pointee(gateway), started, source, reloading: Mutex::new(()) }
+    }
+
+    /// The gateway new requests are served by.
+    pub fn gateway(&self) -> Arc<Gateway> {
+        self.gateway.load_full()
+    }
+
+    /// Reads the file again and, if it is valid, swaps in a gateway built from it.
+    pub fn reload(&self) -> Result<Reloaded, ReloadError> {
+        let _one = self.reloading.lock().unwrap_or_else(PoisonError::into_inner);
+        let source = self.source.as_ref().ok_or(ReloadError::NoSource)?;
+        let config = Config::load(source)?;
+        let next = self.gateway.load().rebuild(&config)?;
+        self.gateway.store(Arc::new(next));
+        let needs_restart = needs_restart(&self.started, &config);
+        for warning in config.warning_lines(&source.display().to_string()) {
+            tracing::warn!("{warning}");
+        }
+        tracing::info!(routes = config.routes.len(), ?needs_restart, "configuration reloaded");
+        Ok(Reloaded { needs_restart })
+    }
+}
+
+/// The settings that differ between what runs and `next`, among those a reload cannot apply.
+fn needs_restart(running: &Config, next: &Config) -> Vec<&'static str> {
+    let (a, b) = (&running.server, &next.server);
+    // body_read_timeout is the gateway's own, applied live; the other limits are the server's.
+    let limits = |c: &Config| {
+        let mut limits = c.server.limits.clone();
+        limits.body_read_timeout = std::time::Duration::ZERO;
+        format!("{limits:?}")
+    };
+    let store = |c: &Config| format!("{:?}", c.store);
+    [
+        ("server.listen", a.listen != b.listen),
+        ("server.admin_listen", a.admin_listen != b.admin_listen),
+        ("server.admin_token", a.admin_token != b.admin_token),
+        ("server.worker_threads", a.worker_threads != b.worker_threads),
+        ("server.shutdown_grace", a.shutdown_grace != b.shutdown_grace),
+        ("server.log_format", a.log_format != b.log_format),
+        ("server.trusted_proxies", a.trusted_proxies != b.trusted_proxies),
+        ("server limits (timeouts, connections, exchanges)", limits(running) != limits(next)),
+        ("store", store(running) != store(next)),
+    ]
+    .into_iter()
+    .filter_map(|(name, changed)| changed.then_some(name))
+    .collect()
+}
