@@ -81,6 +81,14 @@ pub struct StoreSection {
     pub connections: Option<usize>,
     /// Prefix of every Redis key (and of the notification channel) this gateway writes.
     pub key_prefix: Option<String>,
+    /// `rediss://`: PEM CA bundle replacing the system roots.
+    pub ca_file: Option<PathBuf>,
+    /// `rediss://`: PEM client certificate, for mutual TLS (with `key_file`).
+    pub cert_file: Option<PathBuf>,
+    /// `rediss://`: PEM private key of `cert_file`.
+    pub key_file: Option<PathBuf>,
+    /// Name of an environment variable holding the Redis password (overrides one in the URL).
+    pub password_env: Option<String>,
     /// Memory backend: maximum number of records kept.
     pub max_entries: Option<usize>,
     /// Memory backend: maximum bytes of stored responses kept.

@@ -128,6 +128,10 @@ pub enum StoreBackendConfig {
         url: String,
         /// Multiplexed connections.
         connections: usize,
+        /// TLS files for `rediss://`.
+        tls: RedisTls,
+        /// The password from `password_env`, if set (it overrides one in the URL).
+        password: Option<Secret>,
     },
     /// In-process memory, for one instance.
     Memory {
@@ -136,6 +140,25 @@ pub enum StoreBackendConfig {
         /// Maximum stored bytes.
         max_bytes: u64,
     },
+}
+
+/// TLS files for a `rediss://` store (`[store] ca_file`, `cert_file`, `key_file`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RedisTls {
+    /// PEM CA bundle replacing the system roots.
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate and key, for mutual TLS.
+    pub client: Option<(PathBuf, PathBuf)>,
+}
+
+/// A secret read from the environment: compared, used, never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(pub String);
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(<redacted>)")
+    }
 }
 
 /// `[upstreams.NAME]`

@@ -5,6 +5,7 @@
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,7 +14,8 @@ use http::{HeaderName, Method, Uri};
 use super::file::{self, File, IdempotencySection, OneOrMany, StatusEntry};
 use super::units::{HumanDuration, HumanSize};
 use super::{
-    Config, Issue, Limits, LogFormat, RouteConfig, ServerConfig, StoreBackendConfig, StoreConfig, UpstreamConfig,
+    Config, Issue, Limits, LogFormat, RedisTls, RouteConfig, Secret, ServerConfig, StoreBackendConfig, StoreConfig,
+    UpstreamConfig,
 };
 use crate::forwarded::TrustedProxies;
 use crate::headers::{self, StoredHeaders};
@@ -83,7 +85,7 @@ impl Issues {
 pub(super) fn build(file: File, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, Vec<Issue>> {
     let mut issues = Issues::default();
     let server = server(&file.server, env, &mut issues);
-    let store = store(&file.store, &mut issues);
+    let store = store(&file.store, env, &mut issues);
     let upstreams: Vec<UpstreamConfig> =
         file.upstreams.iter().filter_map(|(name, section)| upstream(name, section, &mut issues)).collect();
     let routes = routes(&file, &mut issues);
@@ -198,7 +200,7 @@ fn socket_addr(text: &str) -> Result<SocketAddr, String> {
     text.parse().map_err(|_| format!("{text:?} is not an IP address with a port, like \"0.0.0.0:8080\""))
 }
 
-fn store(s: &file::StoreSection, issues: &mut Issues) -> Option<StoreConfig> {
+fn store(s: &file::StoreSection, env: &dyn Fn(&str) -> Option<String>, issues: &mut Issues) -> Option<StoreConfig> {
     let backend = match s.backend.as_str() {
         "redis" => {
             for (set, key) in [(s.max_entries.is_some(), "max_entries"), (s.max_bytes.is_some(), "max_bytes")] {
@@ -217,10 +219,31 @@ fn store(s: &file::StoreSection, issues: &mut Issues) -> Option<StoreConfig> {
             if !(1..=64).contains(&connections) {
                 issues.add("store.connections", "must be between 1 and 64");
             }
-            url.map(|url| StoreBackendConfig::Redis { url, connections })
+            let tls = redis_tls(s, url.as_deref(), issues);
+            let password = match &s.password_env {
+                None => Some(None),
+                Some(var) => match env(var) {
+                    Some(password) => Some(Some(Secret(password))),
+                    None => {
+                        issues.add("store.password_env", format!("the environment variable {var:?} is not set"));
+                        None
+                    }
+                },
+            };
+            match (url, password) {
+                (Some(url), Some(password)) => Some(StoreBackendConfig::Redis { url, connections, tls, password }),
+                _ => None,
+            }
         }
         "memory" => {
-            for (set, key) in [(s.url.is_some(), "url"), (s.connections.is_some(), "connections")] {
+            for (set, key) in [
+                (s.url.is_some(), "url"),
+                (s.connections.is_some(), "connections"),
+                (s.ca_file.is_some(), "ca_file"),
+                (s.cert_file.is_some(), "cert_file"),
+                (s.key_file.is_some(), "key_file"),
+                (s.password_env.is_some(), "password_env"),
+            ] {
                 if set {
                     issues.add(format!("store.{key}"), "applies to the redis backend only");
                 }
@@ -243,6 +266,41 @@ fn store(s: &file::StoreSection, issues: &mut Issues) -> Option<StoreConfig> {
         issues.add("store.key_prefix", "must be non-empty printable ASCII without spaces");
     }
     Some(StoreConfig { backend: backend?, timeout, key_prefix })
+}
+
+/// The TLS files of a `rediss://` store, each checked readable.
+fn redis_tls(s: &file::StoreSection, url: Option<&str>, issues: &mut Issues) -> RedisTls {
+    let tls = url.is_some_and(|u| u.starts_with("rediss://"));
+    let mut readable = |key: &str, path: &Option<PathBuf>| -> Option<PathBuf> {
+        let path = path.as_ref()?;
+        if url.is_some() && !tls {
+            issues.add(format!("store.{key}"), "applies to rediss:// (TLS) URLs only");
+            return None;
+        }
+        match std::fs::metadata(path) {
+            Ok(_) => Some(path.clone()),
+            Err(e) => {
+                issues.add(format!("store.{key}"), format!("cannot read {}: {e}", path.display()));
+                None
+            }
+        }
+    };
+    let ca_file = readable("ca_file", &s.ca_file);
+    let cert = readable("cert_file", &s.cert_file);
+    let key = readable("key_file", &s.key_file);
+    let client = match (cert, key, &s.cert_file, &s.key_file) {
+        (Some(cert), Some(key), _, _) => Some((cert, key)),
+        (_, _, Some(_), None) => {
+            issues.add("store.key_file", "is required with cert_file (mutual TLS needs both)");
+            None
+        }
+        (_, _, None, Some(_)) => {
+            issues.add("store.cert_file", "is required with key_file (mutual TLS needs both)");
+            None
+        }
+        _ => None,
+    };
+    RedisTls { ca_file, client }
 }
 
 fn redis_url(url: &str) -> Result<String, String> {

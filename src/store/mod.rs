@@ -383,8 +383,10 @@ impl Backend {
     /// answers by its `on_store_error` policy) even while Redis is down.
     pub fn from_config(config: &StoreConfig) -> Result<Self, StoreError> {
         Ok(Self::new(match &config.backend {
-            StoreBackendConfig::Redis { url, connections } => {
-                Engine::Redis(RedisStore::new(url, *connections, config.timeout, &config.key_prefix)?)
+            StoreBackendConfig::Redis { url, connections, tls, password } => {
+                let password = password.as_ref().map(|p| p.0.as_str());
+                let client = redis::client(url, tls, password)?;
+                Engine::Redis(RedisStore::with_client(client, *connections, config.timeout, &config.key_prefix)?)
             }
             StoreBackendConfig::Memory { max_entries, max_bytes } => {
                 Engine::Memory(MemoryStore::new(*max_entries, *max_bytes))

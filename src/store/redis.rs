@@ -32,7 +32,10 @@ use bytes::Bytes;
 use futures_util::StreamExt;
 use prometheus_client::metrics::counter::Counter;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Cmd, ErrorKind, FromRedisValue, RedisError, RedisWrite, Script, ServerErrorKind, ToRedisArgs, Value};
+use redis::{
+    Cmd, ErrorKind, FromRedisValue, IntoConnectionInfo, RedisError, RedisWrite, Script, ServerErrorKind, ToRedisArgs,
+    Value,
+};
 use tokio::task::JoinHandle;
 
 use super::waiters::Waiters;
@@ -40,6 +43,7 @@ use super::{
     Claim, Entry, EntryState, Final, Lease, OwnerToken, QuotaKey, RecordKey, Renewal, Sent, Settled, Store, StoreError,
     StoredResponse, Watch,
 };
+use crate::config::RedisTls;
 use crate::idempotent::fingerprint::Fingerprint;
 
 /// How often a waiter re-reads its key while the subscription is up (a lost message costs at
@@ -134,7 +138,16 @@ impl RedisStore {
     /// Connections are made on first use, so this succeeds while Redis is down. Must be called
     /// inside a tokio runtime.
     pub fn new(url: &str, connections: usize, timeout: Duration, key_prefix: &str) -> Result<Self, StoreError> {
-        let client = redis::Client::open(url).map_err(unavailable)?;
+        Self::with_client(redis::Client::open(url).map_err(unavailable)?, connections, timeout, key_prefix)
+    }
+
+    /// Like [`RedisStore::new`], over a client built by [`client`] (TLS, a password).
+    pub fn with_client(
+        client: redis::Client,
+        connections: usize,
+        timeout: Duration,
+        key_prefix: &str,
+    ) -> Result<Self, StoreError> {
         let connections = Connections::new(&client, connections, timeout)?;
         let scripts = Arc::new(Scripts::new());
         let channel = format!("{key_prefix}:settled");
@@ -177,6 +190,31 @@ impl RedisStore {
         args(&mut cmd);
         self.query(cmd, Some(script)).await
     }
+}
+
+/// A Redis client for `url`: `redis://` or `rediss://` (TLS), with `[user:password@]`.
+/// `tls` replaces the system roots with a CA bundle and adds a client certificate for mutual
+/// TLS; `password` (from `password_env`) overrides a password in the URL. Neither appears in
+/// an error.
+pub fn client(url: &str, tls: &RedisTls, password: Option<&str>) -> Result<redis::Client, StoreError> {
+    let mut info =
+        url.into_connection_info().map_err(|e| StoreError::Unavailable(format!("bad Redis URL ({:?})", e.kind())))?;
+    if let Some(password) = password {
+        let settings = info.redis_settings().clone().set_password(password);
+        info = info.set_redis_settings(settings);
+    }
+    if tls.ca_file.is_none() && tls.client.is_none() {
+        return redis::Client::open(info).map_err(unavailable);
+    }
+    let read = |path: &std::path::Path| {
+        std::fs::read(path).map_err(|e| StoreError::Unavailable(format!("cannot read {}: {e}", path.display())))
+    };
+    let client_tls = match &tls.client {
+        Some((cert, key)) => Some(redis::ClientTlsConfig { client_cert: read(cert)?, client_key: read(key)? }),
+        None => None,
+    };
+    let root_cert = tls.ca_file.as_deref().map(read).transpose()?;
+    redis::Client::build_with_tls(info, redis::TlsCertificates { client_tls, root_cert }).map_err(unavailable)
 }
 
 fn unavailable(e: RedisError) -> StoreError {

@@ -27,11 +27,17 @@ impl GatewayProc {
     /// Starts the binary with `toml` and extra command-line arguments. The addresses come from
     /// the one line the gateway prints on stdout once bound.
     pub fn start_with(toml: &str, args: &[&str]) -> Self {
+        Self::start_full(toml, args, &[])
+    }
+
+    /// Starts the binary with `toml`, extra arguments and extra environment variables.
+    pub fn start_full(toml: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("gateway.toml");
         std::fs::write(&path, toml).unwrap();
         let mut cmd = Command::new(binary());
         cmd.arg("--config").arg(&path).args(args).env("RUST_LOG", "info");
+        cmd.envs(env.iter().copied());
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         let mut child = spawn_tied(cmd).expect("start idemgate");
         let stdout = child.stdout.take().unwrap();
