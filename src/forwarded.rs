@@ -93,6 +93,8 @@ pub struct Peer {
     element: String,
     /// Whether its forwarding headers are believed.
     trusted: bool,
+    /// The scheme it reached the gateway with.
+    proto: &'static str,
 }
 
 impl Peer {
@@ -105,7 +107,18 @@ impl Peer {
             IpAddr::V4(v4) => format!("for={v4}"),
             IpAddr::V6(v6) => format!("for=\"[{v6}]\""),
         };
-        Self { ip, plain, element, trusted: trusted.trusts(ip) }
+        Self { ip, plain, element, trusted: trusted.trusts(ip), proto: "http" }
+    }
+
+    /// The same peer on a TLS listener (`X-Forwarded-Proto: https`).
+    pub fn over_tls(mut self) -> Self {
+        self.proto = "https";
+        self
+    }
+
+    /// The scheme the peer reached the gateway with: `"http"` or `"https"`.
+    pub fn proto(&self) -> &'static str {
+        self.proto
     }
 
     /// The peer's address.

@@ -7,6 +7,7 @@
 //! The request path, module by module:
 //!
 //! - [`server`]: listeners, HTTP/1.1 + h2c connections, graceful shutdown;
+//! - [`tls`]: TLS on the proxy listener;
 //! - [`gateway`]: runtime state built from the config, routing, outcome counting;
 //! - [`path`]: path normalisation before routing (`//`, `.`, `..`, `%6f`);
 //! - [`router`]: method + path pattern → route;
@@ -55,4 +56,5 @@ pub mod route;
 pub mod router;
 pub mod server;
 pub mod store;
+pub mod tls;
 pub mod upstream;

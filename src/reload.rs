@@ -4,7 +4,7 @@
 //! The file is read and validated in full first; a bad file is logged and the running
 //! configuration stays. A good one becomes a new [`Gateway`] (routes, upstreams, policies,
 //! problem base, body timeout) that shares the running one's store, metrics and exchanges,
-//! and is swapped in atomically: requests in flight finish on the gateway they started with,
+//! and is swapped in atomically, with the listener's TLS certificate read again: requests in flight finish on the gateway they started with,
 //! new requests get the new one. What lives outside the gateway — the listeners, the store,
 //! connection limits, trusted proxies, the admin token, threads, logging — cannot change
 //! under a running process; such changes are reported as needing a restart, and the running
@@ -18,10 +18,14 @@ use thiserror::Error;
 
 use crate::config::{Config, ConfigError};
 use crate::gateway::{Gateway, SetupError};
+use crate::tls::{self, TlsError};
+use tokio_rustls::TlsAcceptor;
 
 /// The gateway in service, and how to reload it.
 pub struct Live {
     gateway: ArcSwap<Gateway>,
+    /// The proxy listener's TLS, if it has any: renewed certificates are read on reload.
+    tls: Option<ArcSwap<TlsAcceptor>>,
     /// The configuration the process started with: what it runs of `[server]` and `[store]`
     /// until a restart.
     started: Config,
@@ -50,12 +54,21 @@ pub enum ReloadError {
     /// The new routes or upstreams could not be set up.
     #[error(transparent)]
     Setup(#[from] SetupError),
+    /// The listener's certificate or key could not be read.
+    #[error("server.tls: {0}")]
+    Tls(#[from] TlsError),
 }
 
 impl Live {
     /// The gateway built from `started`, reloadable from `source`.
-    pub fn new(gateway: Gateway, started: Config, source: Option<PathBuf>) -> Self {
-        Self { gateway: ArcSwap::from_pointee(gateway), started, source, reloading: Mutex::new(()) }
+    pub fn new(gateway: Gateway, started: Config, source: Option<PathBuf>) -> Result<Self, TlsError> {
+        let tls = started.server.tls.as_ref().map(tls::acceptor).transpose()?.map(ArcSwap::from_pointee);
+        Ok(Self { gateway: ArcSwap::from_pointee(gateway), tls, started, source, reloading: Mutex::new(()) })
+    }
+
+    /// The proxy listener's TLS acceptor of the moment, if the listener uses TLS.
+    pub fn tls(&self) -> Option<Arc<TlsAcceptor>> {
+        self.tls.as_ref().map(ArcSwap::load_full)
     }
 
     /// The gateway new requests are served by.
@@ -69,7 +82,15 @@ impl Live {
         let source = self.source.as_ref().ok_or(ReloadError::NoSource)?;
         let config = Config::load(source)?;
         let next = self.gateway.load().rebuild(&config)?;
+        // Certificates first: a bad pair refuses the whole reload.
+        let acceptor = match (&self.tls, &config.server.tls) {
+            (Some(_), Some(files)) => Some(tls::acceptor(files)?),
+            _ => None,
+        };
         self.gateway.store(Arc::new(next));
+        if let (Some(current), Some(acceptor)) = (&self.tls, acceptor) {
+            current.store(Arc::new(acceptor));
+        }
         let needs_restart = needs_restart(&self.started, &config);
         for warning in config.warning_lines(&source.display().to_string()) {
             tracing::warn!("{warning}");
@@ -96,6 +117,7 @@ fn needs_restart(running: &Config, next: &Config) -> Vec<&'static str> {
         ("server.worker_threads", a.worker_threads != b.worker_threads),
         ("server.shutdown_grace", a.shutdown_grace != b.shutdown_grace),
         ("server.log_format", a.log_format != b.log_format),
+        ("server.tls (on or off)", a.tls.is_some() != b.tls.is_some()),
         ("server.trusted_proxies", a.trusted_proxies != b.trusted_proxies),
         ("server limits (timeouts, connections, exchanges)", limits(running) != limits(next)),
         ("store", store(running) != store(next)),

@@ -21,7 +21,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use thiserror::Error;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -56,6 +56,9 @@ pub enum ServeError {
     /// The gateway could not be built.
     #[error(transparent)]
     Setup(#[from] SetupError),
+    /// The listener's TLS could not be set up.
+    #[error("server.tls: {0}")]
+    Tls(#[from] crate::tls::TlsError),
 }
 
 /// A bound, not yet running gateway.
@@ -80,7 +83,7 @@ impl Server {
 
     /// Like [`Server::bind`], reloadable from `source` (SIGHUP, `POST /reload`).
     pub async fn bind_reloadable(config: &Config, source: Option<std::path::PathBuf>) -> Result<Self, ServeError> {
-        let live = Arc::new(Live::new(Gateway::new(config)?, config.clone(), source));
+        let live = Arc::new(Live::new(Gateway::new(config)?, config.clone(), source)?);
         let listener = bind(config.server.listen).await?;
         let admin = match config.server.admin_listen {
             Some(addr) => {
@@ -163,14 +166,25 @@ impl Server {
             match accepted {
                 Ok(((stream, peer), permit)) => {
                     let _ = stream.set_nodelay(true);
-                    let connection = Arc::new(Connection::new(Peer::new(peer, &trusted), limits.clone(), Some(permit)));
-                    connections.spawn(serve_connection(
-                        stream,
-                        connection,
-                        Arc::clone(&live),
-                        Arc::clone(&builder),
-                        draining.clone(),
-                    ));
+                    let tls = live.tls();
+                    let peer = Peer::new(peer, &trusted);
+                    let peer = if tls.is_some() { peer.over_tls() } else { peer };
+                    let connection = Arc::new(Connection::new(peer, limits.clone(), Some(permit)));
+                    let (live, builder, draining) = (Arc::clone(&live), Arc::clone(&builder), draining.clone());
+                    let handshake = limits.header_read_timeout;
+                    connections.spawn(async move {
+                        match tls {
+                            None => serve_connection(stream, connection, live, builder, draining).await,
+                            // The handshake counts against the header timeout, like a silent client.
+                            Some(acceptor) => match tokio::time::timeout(handshake, acceptor.accept(stream)).await {
+                                Ok(Ok(stream)) => serve_connection(stream, connection, live, builder, draining).await,
+                                Ok(Err(e)) => {
+                                    tracing::debug!(peer = %connection.peer.ip(), error = %e, "TLS handshake failed")
+                                }
+                                Err(_) => tracing::debug!(peer = %connection.peer.ip(), "TLS handshake timed out"),
+                            },
+                        }
+                    });
                 }
                 Err(e) => {
                     // Out of file descriptors and the like: back off instead of spinning.
@@ -232,13 +246,15 @@ fn http_builder(limits: &Limits) -> auto::Builder<TokioExecutor> {
 
 /// Serves one connection until it ends, its deadline passes (see [`Connection`]), it asks to
 /// close, or the server drains.
-async fn serve_connection(
-    stream: TcpStream,
+async fn serve_connection<IO>(
+    stream: IO,
     connection: Arc<Connection>,
     live: Arc<Live>,
     builder: Arc<auto::Builder<TokioExecutor>>,
     draining: CancellationToken,
-) {
+) where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
     let c = Arc::clone(&connection);
     let service = service_fn(move |request: Request<Incoming>| {
         // The gateway of the moment: a reload applies to the next request, on every connection.

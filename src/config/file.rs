@@ -66,6 +66,17 @@ pub struct ServerSection {
     pub trusted_proxies: Option<Vec<String>>,
     /// `"pretty"` (text) or `"json"` (one object per line); `--log-format` overrides it.
     pub log_format: Option<String>,
+    /// Serve the proxy listener over TLS.
+    pub tls: Option<TlsSection>,
+}
+
+/// `[server.tls]`
+#[derive(Debug, Deserialize)]
+pub struct TlsSection {
+    /// PEM certificate chain, leaf first.
+    pub cert: PathBuf,
+    /// PEM private key of the leaf.
+    pub key: PathBuf,
 }
 
 /// `[store]`

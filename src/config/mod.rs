@@ -62,6 +62,17 @@ pub struct ServerConfig {
     pub trusted_proxies: TrustedProxies,
     /// How log lines are written.
     pub log_format: LogFormat,
+    /// TLS on the proxy listener: certificate chain and key files.
+    pub tls: Option<ListenerTls>,
+}
+
+/// `[server.tls]`: PEM files, read when the listener starts and again on every reload.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenerTls {
+    /// Certificate chain, leaf first.
+    pub cert: PathBuf,
+    /// The leaf's private key.
+    pub key: PathBuf,
 }
 
 /// How log lines are written (`server.log_format`, `--log-format`).

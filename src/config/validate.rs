@@ -14,8 +14,8 @@ use http::{HeaderName, Method, Uri};
 use super::file::{self, File, IdempotencySection, OneOrMany, StatusEntry};
 use super::units::{HumanDuration, HumanSize};
 use super::{
-    Config, Issue, Limits, LogFormat, RedisTls, RouteConfig, Secret, ServerConfig, StoreBackendConfig, StoreConfig,
-    UpstreamConfig,
+    Config, Issue, Limits, ListenerTls, LogFormat, RedisTls, RouteConfig, Secret, ServerConfig, StoreBackendConfig,
+    StoreConfig, UpstreamConfig,
 };
 use crate::forwarded::TrustedProxies;
 use crate::headers::{self, StoredHeaders};
@@ -136,7 +136,12 @@ fn server(s: &file::ServerSection, env: &dyn Fn(&str) -> Option<String>, issues:
     let trusted_proxies =
         issues.check("server.trusted_proxies", TrustedProxies::parse(s.trusted_proxies.as_deref().unwrap_or_default()));
     let log_format = issues.check("server.log_format", LogFormat::parse(s.log_format.as_deref().unwrap_or("pretty")));
+    let tls = s.tls.as_ref().and_then(|t| {
+        let tls = ListenerTls { cert: t.cert.clone(), key: t.key.clone() };
+        issues.check("server.tls", crate::tls::acceptor(&tls).map(|_| tls).map_err(|e| e.to_string()))
+    });
     Some(ServerConfig {
+        tls,
         log_format: log_format?,
         worker_threads: s.worker_threads,
         listen: listen?,
