@@ -295,8 +295,12 @@ impl Metrics {
             request_seconds: PerLabel::new(|outcome| {
                 self.request_seconds.get_or_create(&RouteOutcome { route: route.to_owned(), outcome }).clone()
             }),
-            upstream_seconds: self.upstream_seconds.clone(),
-            route: route.to_owned(),
+            upstream_seconds: UPSTREAM_CLASSES
+                .iter()
+                .map(|&class| {
+                    (class, self.upstream_seconds.get_or_create(&RouteClass { route: route.to_owned(), class }).clone())
+                })
+                .collect(),
         }
     }
 
@@ -369,9 +373,12 @@ pub struct RouteMetrics {
     outcome_unknown: Counter,
     not_stored: Counter,
     request_seconds: PerLabel<Outcome, Histogram>,
-    upstream_seconds: Family<RouteClass, Histogram>,
-    route: String,
+    /// One histogram per status class, resolved once: no label lookup per request.
+    upstream_seconds: Vec<(&'static str, Histogram)>,
 }
+
+/// The `class` label values of the upstream latency histogram.
+pub const UPSTREAM_CLASSES: [&str; 7] = ["1xx", "2xx", "3xx", "4xx", "5xx", "error", "abandoned"];
 
 impl RouteMetrics {
     /// Records how long a request took.
@@ -382,10 +389,11 @@ impl RouteMetrics {
     /// Records how long an upstream exchange took, by the status class of its answer
     /// (`"2xx"` … `"5xx"`, or `"error"`).
     pub fn upstream_latency(&self, class: &'static str, took: std::time::Duration) {
-        self.upstream_seconds
-            .get_or_create(&RouteClass { route: self.route.clone(), class })
-            .observe(took.as_secs_f64());
+        if let Some((_, histogram)) = self.upstream_seconds.iter().find(|(c, _)| *c == class) {
+            histogram.observe(took.as_secs_f64());
+        }
     }
+
     /// Counts a finished request.
     pub fn outcome(&self, outcome: Outcome) {
         self.outcomes.get(outcome).inc();
