@@ -19,7 +19,9 @@
 //!   - [`idempotent::scope`]: whose key it is;
 //!   - [`body`]: bounded reading of the request body (and the shared body type);
 //!   - [`idempotent::fingerprint`]: what makes two requests the same request;
-//!   - [`store`]: claim, renew, complete, release (Redis with Lua, or memory);
+//!   - [`idempotent::claim`]: the claim, the bounded wait for a running duplicate, and
+//!     releasing claims whose reply was lost;
+//!   - [`store`]: claim, renew, settle, release (Redis with Lua, or memory);
 //!   - [`idempotent::exchange`]: the detached upstream call with lease renewal;
 //!   - [`idempotent::capture`]: buffering the upstream response for storage;
 //!   - [`idempotent::replay`]: answering retries from the store;
@@ -34,7 +36,7 @@
 //! - [`admin`]: health, readiness, metrics, key inspect/purge, published policy, routes;
 //! - [`publish`]: the idempotency policy of every route, as Markdown and JSON;
 //! - [`reload`]: a new configuration without a restart (SIGHUP, `POST /reload`);
-//! - [`metrics`]: Prometheus counters;
+//! - [`metrics`]: Prometheus counters, histograms and gauges;
 //! - [`config`]: `gateway.toml`, validated into runtime types.
 
 pub mod access;
