@@ -188,6 +188,30 @@ async fn a_head_over_the_limit_gets_431() {
     assert_eq!(upstream.executions(), 0);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_peer_that_does_not_answer_pings_is_dropped() {
+    let upstream = TestUpstream::start().await;
+    let gw = start(upstream.addr, "h2_keepalive_interval = \"1s\"\nheader_read_timeout = \"20s\"", "");
+    let mut stream = TcpStream::connect(gw.addr).await.unwrap();
+    // The client preface and an empty SETTINGS frame, then silence: no SETTINGS ack, no PING ack.
+    stream.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await.unwrap();
+    stream.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await.unwrap();
+    let started = Instant::now();
+    let (frames, closed) = read_until_closed(&mut stream, Duration::from_secs(8)).await;
+    assert!(closed, "still open after 8s");
+    // Frames are a 9-byte header (length, type, flags, stream); find a PING (type 6).
+    let mut i = 0;
+    let mut pinged = false;
+    while i + 9 <= frames.len() {
+        let len = usize::from(frames[i]) << 16 | usize::from(frames[i + 1]) << 8 | usize::from(frames[i + 2]);
+        pinged |= frames[i + 3] == 6;
+        i += 9 + len;
+    }
+    assert!(pinged, "the gateway pinged the silent peer");
+    let took = started.elapsed();
+    assert!(took < Duration::from_secs(6), "dropped after {took:?}, long before the 20s header timeout");
+}
+
 // ---- Host and versions -----------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
