@@ -97,6 +97,12 @@ impl Connection {
         self.phase.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// How long the connection may go without traffic (for an upgraded one: without a byte
+    /// moving either way).
+    pub fn idle_timeout(&self) -> std::time::Duration {
+        self.limits.idle_timeout
+    }
+
     /// When the connection's deadline passes, and why; `None` while requests run.
     pub fn deadline(&self) -> Option<(Instant, Expired)> {
         let l = &self.limits;

@@ -291,6 +291,34 @@ async fn a_websocket_is_bridged_on_a_pass_through_route_and_refused_on_an_idempo
     assert_eq!(upstream.executions(), 1);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgraded_connection_lives_while_bytes_move_and_is_closed_once_idle() {
+    let upstream = RawUpstream::start(Misbehaviour::UpgradeEcho).await;
+    let gw = start(upstream.addr, "idle_timeout = \"1s\"", "");
+    let mut stream = TcpStream::connect(gw.addr).await.unwrap();
+    stream
+        .write_all(b"GET /chat HTTP/1.1\r\nhost: x\r\nconnection: Upgrade\r\nupgrade: websocket\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = stream.read(&mut buf).await.unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).to_ascii_lowercase().starts_with("http/1.1 101"));
+    // Traffic every 400 ms for 2.4 s, twice the idle timeout: the bridge stays up.
+    for i in 0..6u8 {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        stream.write_all(&[i; 4]).await.unwrap();
+        let mut echoed = [0u8; 4];
+        stream.read_exact(&mut echoed).await.unwrap();
+        assert_eq!(echoed, [i; 4], "message {i} went through the bridge");
+    }
+    // Then silence: the gateway closes the connection after about the idle timeout.
+    let silent = std::time::Instant::now();
+    let closed = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf)).await;
+    let waited = silent.elapsed();
+    assert!(matches!(closed, Ok(Ok(0)) | Ok(Err(_))), "closed by the gateway: {closed:?}");
+    assert!(waited >= Duration::from_millis(900), "not before the idle timeout: {waited:?}");
+}
+
 // ---- exchanges and resets --------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
