@@ -254,6 +254,14 @@ fn backend_specific_keys_are_checked_against_the_backend() {
     assert_issue(&text, "store.max_entries", "memory backend only");
     let text = MINIMAL.replace("backend = \"memory\"", "backend = \"redis\"\nurl = \"http://127.0.0.1\"");
     assert_issue(&text, "store.url", "not a usable Redis URL");
+    for (url, reason) in [
+        ("redis+sentinel://127.0.0.1:26379/mymaster", "Sentinel discovery is not supported yet"),
+        ("rediss+sentinel://127.0.0.1:26379/mymaster", "Sentinel discovery is not supported yet"),
+        ("redis+cluster://127.0.0.1:7000,127.0.0.1:7001", "Redis Cluster is not supported yet"),
+    ] {
+        let text = MINIMAL.replace("backend = \"memory\"", &format!("backend = \"redis\"\nurl = \"{url}\""));
+        assert_issue(&text, "store.url", reason);
+    }
     let text = MINIMAL.replace("backend = \"memory\"", "backend = \"etcd\"");
     assert_issue(&text, "store.backend", "neither \"redis\" nor \"memory\"");
 }

@@ -309,6 +309,13 @@ fn redis_tls(s: &file::StoreSection, url: Option<&str>, issues: &mut Issues) -> 
 }
 
 fn redis_url(url: &str) -> Result<String, String> {
+    let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme).to_ascii_lowercase();
+    if scheme.starts_with("redis+sentinel") || scheme.starts_with("rediss+sentinel") {
+        return Err("Sentinel discovery is not supported yet; use the primary's address (redis:// or rediss://)".into());
+    }
+    if scheme.starts_with("redis+cluster") || scheme.starts_with("rediss+cluster") {
+        return Err("Redis Cluster is not supported yet; use a single primary (redis:// or rediss://)".into());
+    }
     // Parsing only; no connection is made here.
     redis::Client::open(url).map(|_| url.to_owned()).map_err(|e| format!("not a usable Redis URL: {e}"))
 }
