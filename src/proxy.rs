@@ -5,8 +5,9 @@
 //!
 //! A protocol upgrade (`Upgrade: websocket`) is bridged: the request goes upstream with its
 //! `Upgrade` and `Connection: upgrade`, and when the upstream switches protocols (101), the
-//! two connections are joined byte for byte until either side closes. (Idempotent routes
-//! refuse upgrades: a stream of messages has no single answer to store.)
+//! two connections are joined byte for byte until either side closes or nothing moves for
+//! `idle_timeout`. (Idempotent routes refuse upgrades: a stream of messages has no single
+//! answer to store.)
 
 use http::header::{CONNECTION, UPGRADE};
 use http::{HeaderValue, Request, Response, StatusCode};
