@@ -188,14 +188,7 @@ fn is_token_or_host(host: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn map(pairs: &[(&str, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in pairs {
-            h.append(HeaderName::from_bytes(k.as_bytes()).unwrap(), HeaderValue::from_str(v).unwrap());
-        }
-        h
-    }
+    use crate::headers::test_map as map;
 
     fn trusted(entries: &[&str]) -> TrustedProxies {
         TrustedProxies::parse(entries).unwrap()

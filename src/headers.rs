@@ -79,18 +79,20 @@ pub fn storable(headers: &HeaderMap, policy: &StoredHeaders) -> HeaderMap {
     out
 }
 
+/// A header map from `(name, value)` pairs, in order, for unit tests.
+#[cfg(test)]
+pub(crate) fn test_map(pairs: &[(&str, &str)]) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    for (k, v) in pairs {
+        h.append(HeaderName::from_bytes(k.as_bytes()).unwrap(), http::HeaderValue::from_str(v).unwrap());
+    }
+    h
+}
+
 #[cfg(test)]
 mod tests {
+    use super::test_map as map;
     use super::*;
-    use http::HeaderValue;
-
-    fn map(pairs: &[(&str, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in pairs {
-            h.append(HeaderName::from_bytes(k.as_bytes()).unwrap(), HeaderValue::from_str(v).unwrap());
-        }
-        h
-    }
 
     #[test]
     fn strips_standard_and_connection_named_headers() {

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::Method;
 use support::client::{Client, DEFAULT_AUTH};
-use support::gateway_proc::GatewayProc;
+use support::gateway_proc::{GatewayProc, Toml};
 use support::raw_upstream::{Misbehaviour, RawUpstream};
 use support::upstream::{Behavior, TestUpstream};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -20,35 +20,7 @@ const ORDER: &str = r#"{"sku":"A-1","quantity":2}"#;
 /// The binary on port 0 with the memory store, `server` lines added to `[server]` and `policy`
 /// lines to the idempotent `POST /orders` route; everything else passes through.
 fn start(upstream: SocketAddr, server: &str, policy: &str) -> GatewayProc {
-    GatewayProc::start(&format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-{server}
-
-[store]
-backend = "memory"
-
-[upstreams.app]
-url = "http://{upstream}"
-timeout = "5s"
-
-[[routes]]
-name = "orders"
-methods = ["POST"]
-path = "/orders"
-upstream = "app"
-
-[routes.idempotency]
-{policy}
-
-[[routes]]
-name = "rest"
-path = "/{{*rest}}"
-upstream = "app"
-"#
-    ))
+    GatewayProc::start(&Toml { server, policy, upstream_lines: "timeout = \"5s\"", ..Toml::new(upstream) }.render())
 }
 
 /// Reads until the peer closes the connection or `limit` passes; returns what was read and

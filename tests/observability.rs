@@ -6,39 +6,13 @@ mod support;
 use std::time::Duration;
 
 use support::client::Client;
-use support::gateway_proc::GatewayProc;
+use support::gateway_proc::{GatewayProc, Toml};
 use support::upstream::TestUpstream;
 
 const ORDER: &str = r#"{"sku":"A-1","quantity":2}"#;
 
 fn toml(upstream: std::net::SocketAddr, server: &str) -> String {
-    format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-{server}
-
-[store]
-backend = "memory"
-
-[upstreams.app]
-url = "http://{upstream}"
-
-[[routes]]
-name = "orders"
-methods = ["POST"]
-path = "/orders"
-upstream = "app"
-
-[routes.idempotency]
-
-[[routes]]
-name = "rest"
-path = "/{{*rest}}"
-upstream = "app"
-"#
-    )
+    Toml { server, ..Toml::new(upstream) }.render()
 }
 
 /// The access lines logged so far, parsed.
@@ -126,8 +100,12 @@ async fn metrics_have_latency_histograms_and_gauges() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_policy_is_published_by_the_cli_and_the_admin_listener() {
     let upstream = TestUpstream::start().await;
-    let config = toml(upstream.addr, r#"admin_token = "test-admin-token-0123456789""#)
-        .replace("[routes.idempotency]", "[routes.idempotency]\nignore = [\"/client_ts\"]\nmax_new_keys = \"100/s\"");
+    let config = Toml {
+        server: r#"admin_token = "test-admin-token-0123456789""#,
+        policy: "ignore = [\"/client_ts\"]\nmax_new_keys = \"100/s\"",
+        ..Toml::new(upstream.addr)
+    }
+    .render();
     let gw = GatewayProc::start(&config);
     let admin = Client::new(gw.admin);
 

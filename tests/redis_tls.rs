@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 use support::client::Client;
-use support::gateway_proc::GatewayProc;
+use support::gateway_proc::{GatewayProc, Toml};
 use support::process::spawn_tied;
 use support::upstream::TestUpstream;
 
@@ -96,31 +96,11 @@ fn start_tls_redis(pki: &Pki) -> TlsRedis {
 }
 
 fn config(upstream: std::net::SocketAddr, redis_port: u16, store_extra: &str) -> String {
-    format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-
-[store]
-backend = "redis"
-url = "rediss://default@127.0.0.1:{redis_port}"
-password_env = "IDEMGATE_TEST_REDIS_PASSWORD"
-timeout = "2s"
-{store_extra}
-
-[upstreams.app]
-url = "http://{upstream}"
-
-[[routes]]
-name = "orders"
-methods = ["POST"]
-path = "/orders"
-upstream = "app"
-
-[routes.idempotency]
-"#
-    )
+    let store = format!(
+        "backend = \"redis\"\nurl = \"rediss://default@127.0.0.1:{redis_port}\"\n\
+         password_env = \"IDEMGATE_TEST_REDIS_PASSWORD\"\ntimeout = \"2s\"\n{store_extra}"
+    );
+    Toml { store: &store, pass_through: false, ..Toml::new(upstream) }.render()
 }
 
 fn tls_files(pki: &Pki) -> String {

@@ -10,39 +10,25 @@ use std::time::Duration;
 
 use http::Method;
 use support::client::Client;
-use support::gateway_proc::GatewayProc;
+use support::gateway_proc::{GatewayProc, Toml};
 use support::upstream::TestUpstream;
 
 const TOKEN: (&str, &str) = ("authorization", "Bearer test-admin-token-0123456789");
 
 /// A config whose routes include `probe-N` for each N in `probes`.
 fn config(upstream: std::net::SocketAddr, probes: &[usize], listen: &str) -> String {
-    let mut text = format!(
-        r#"
-[server]
-listen = "{listen}"
-admin_listen = "127.0.0.1:0"
-admin_token = "test-admin-token-0123456789"
-
-[store]
-backend = "memory"
-
-[upstreams.app]
-url = "http://{upstream}"
-
-[[routes]]
-name = "orders"
-methods = ["POST"]
-path = "/orders"
-upstream = "app"
-
-[routes.idempotency]
-"#
-    );
-    for n in probes {
-        text.push_str(&format!("\n[[routes]]\nname = \"probe-{n}\"\npath = \"/probe-{n}\"\nupstream = \"app\"\n"));
+    let routes = probes
+        .iter()
+        .map(|n| format!("\n[[routes]]\nname = \"probe-{n}\"\npath = \"/probe-{n}\"\nupstream = \"app\"\n"))
+        .collect();
+    Toml {
+        listen,
+        server: "admin_token = \"test-admin-token-0123456789\"",
+        pass_through: false,
+        routes,
+        ..Toml::new(upstream)
     }
-    text
+    .render()
 }
 
 async fn route_names(admin: &Client) -> Vec<String> {

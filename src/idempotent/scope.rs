@@ -228,15 +228,7 @@ fn normalise(name: &HeaderName, value: &[u8]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::HeaderValue;
-
-    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in pairs {
-            h.append(HeaderName::from_bytes(k.as_bytes()).unwrap(), HeaderValue::from_str(v).unwrap());
-        }
-        h
-    }
+    use crate::headers::test_map as headers;
 
     fn sources(entries: &[&str]) -> ScopeSource {
         ScopeSource::parse(entries).unwrap()

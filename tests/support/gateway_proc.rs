@@ -149,3 +149,69 @@ fn field<'a>(line: &'a str, prefix: &str) -> &'a str {
     let start = line.find(prefix).unwrap_or_else(|| panic!("no {prefix} in {line}")) + prefix.len();
     line[start..].split_whitespace().next().unwrap()
 }
+
+/// The config most process tests start from: listeners on port 0, the memory store, one
+/// upstream `app`, an idempotent `POST /orders` route, and (unless turned off) a pass-through
+/// route for everything else. Each field adds lines to its section.
+pub struct Toml<'a> {
+    pub upstream: SocketAddr,
+    /// The proxy listener (`"127.0.0.1:0"` unless a test needs a fixed one).
+    pub listen: &'a str,
+    /// Extra `[server]` lines.
+    pub server: &'a str,
+    /// The `[store]` section's lines.
+    pub store: &'a str,
+    /// Extra `[upstreams.app]` lines.
+    pub upstream_lines: &'a str,
+    /// Lines of the orders route's `[routes.idempotency]`.
+    pub policy: &'a str,
+    /// Whether `/{*rest}` passes through to the upstream.
+    pub pass_through: bool,
+    /// Routes appended after the others.
+    pub routes: String,
+}
+
+impl<'a> Toml<'a> {
+    pub fn new(upstream: SocketAddr) -> Self {
+        Self {
+            upstream,
+            listen: "127.0.0.1:0",
+            server: "",
+            store: "backend = \"memory\"",
+            upstream_lines: "",
+            policy: "",
+            pass_through: true,
+            routes: String::new(),
+        }
+    }
+
+    pub fn render(&self) -> String {
+        let Self { upstream, listen, server, store, upstream_lines, policy, pass_through, routes } = self;
+        let rest =
+            if *pass_through { "\n[[routes]]\nname = \"rest\"\npath = \"/{*rest}\"\nupstream = \"app\"\n" } else { "" };
+        format!(
+            r#"
+[server]
+listen = "{listen}"
+admin_listen = "127.0.0.1:0"
+{server}
+
+[store]
+{store}
+
+[upstreams.app]
+url = "http://{upstream}"
+{upstream_lines}
+
+[[routes]]
+name = "orders"
+methods = ["POST"]
+path = "/orders"
+upstream = "app"
+
+[routes.idempotency]
+{policy}
+{rest}{routes}"#
+        )
+    }
+}
