@@ -12,11 +12,12 @@
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use thiserror::Error;
 
-use crate::config::{Config, ConfigError};
+use crate::config::{Config, ConfigError, Limits};
 use crate::gateway::{Gateway, SetupError};
 use crate::tls::{self, TlsError};
 use tokio_rustls::TlsAcceptor;
@@ -104,12 +105,7 @@ impl Live {
 fn needs_restart(running: &Config, next: &Config) -> Vec<&'static str> {
     let (a, b) = (&running.server, &next.server);
     // body_read_timeout is the gateway's own, applied live; the other limits are the server's.
-    let limits = |c: &Config| {
-        let mut limits = c.server.limits.clone();
-        limits.body_read_timeout = std::time::Duration::ZERO;
-        format!("{limits:?}")
-    };
-    let store = |c: &Config| format!("{:?}", c.store);
+    let server_limits = |c: &Config| Limits { body_read_timeout: Duration::ZERO, ..c.server.limits.clone() };
     [
         ("server.listen", a.listen != b.listen),
         ("server.admin_listen", a.admin_listen != b.admin_listen),
@@ -119,10 +115,56 @@ fn needs_restart(running: &Config, next: &Config) -> Vec<&'static str> {
         ("server.log_format", a.log_format != b.log_format),
         ("server.tls (on or off)", a.tls.is_some() != b.tls.is_some()),
         ("server.trusted_proxies", a.trusted_proxies != b.trusted_proxies),
-        ("server limits (timeouts, connections, exchanges)", limits(running) != limits(next)),
-        ("store", store(running) != store(next)),
+        ("server limits (timeouts, connections, exchanges)", server_limits(running) != server_limits(next)),
+        ("store", running.store != next.store),
     ]
     .into_iter()
     .filter_map(|(name, changed)| changed.then_some(name))
     .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(store_password: &str, body_read_timeout: &str, idle_timeout: &str) -> Config {
+        let text = format!(
+            r#"
+[server]
+listen = "127.0.0.1:0"
+body_read_timeout = "{body_read_timeout}"
+idle_timeout = "{idle_timeout}"
+
+[store]
+backend = "redis"
+url = "redis://127.0.0.1:6390"
+password_env = "PASSWORD"
+
+[upstreams.app]
+url = "http://127.0.0.1:3000"
+
+[[routes]]
+name = "rest"
+path = "/{{*rest}}"
+upstream = "app"
+"#
+        );
+        let password = store_password.to_owned();
+        match Config::from_toml_with_env(&text, "<test>", &|_| Some(password.clone())) {
+            Ok(config) => config,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn a_changed_secret_or_server_limit_needs_a_restart_and_the_body_timeout_does_not() {
+        let running = config("one", "30s", "60s");
+        assert!(needs_restart(&running, &config("one", "30s", "60s")).is_empty());
+        assert!(needs_restart(&running, &config("one", "5s", "60s")).is_empty(), "applied live");
+        assert_eq!(needs_restart(&running, &config("two", "30s", "60s")), ["store"]);
+        assert_eq!(
+            needs_restart(&running, &config("one", "30s", "5s")),
+            ["server limits (timeouts, connections, exchanges)"]
+        );
+    }
 }

@@ -97,7 +97,7 @@ impl LogFormat {
 }
 
 /// What one client, or all of them, may hold of the gateway (`[server]`).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Limits {
     /// Deadline of a request head, from its first byte (or from the connection's start).
     pub header_read_timeout: Duration,
@@ -120,7 +120,7 @@ pub struct Limits {
 }
 
 /// `[store]`
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct StoreConfig {
     /// Which backend, with its own settings.
     pub backend: StoreBackendConfig,
@@ -131,7 +131,7 @@ pub struct StoreConfig {
 }
 
 /// The backend-specific part of `[store]`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum StoreBackendConfig {
     /// Redis, shared by every gateway instance.
     Redis {
