@@ -25,15 +25,23 @@ pub fn is_hop_by_hop(name: &HeaderName) -> bool {
     HOP_BY_HOP.contains(name)
 }
 
-/// Removes hop-by-hop headers, including every header named in `Connection`.
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<HeaderName> = headers
+/// The tokens of every `Connection` header, trimmed, empty ones skipped. The one reading of
+/// `Connection` that stripping, the upgrade check and the idempotent route's check share, so
+/// they cannot disagree on what a request names.
+pub fn connection_tokens(headers: &HeaderMap) -> impl Iterator<Item = &str> {
+    headers
         .get_all(header::CONNECTION)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
-        .collect();
+        .map(str::trim)
+        .filter(|token| !token.is_empty())
+}
+
+/// Removes hop-by-hop headers, including every header named in `Connection`.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> =
+        connection_tokens(headers).filter_map(|token| HeaderName::from_bytes(token.as_bytes()).ok()).collect();
     for name in named.iter().chain(&HOP_BY_HOP) {
         headers.remove(name);
     }

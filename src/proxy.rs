@@ -62,12 +62,7 @@ pub async fn forward(
 /// The protocol a request asks to switch to: `Upgrade` with `upgrade` among the `Connection`
 /// tokens (RFC 9110 §7.8).
 pub fn upgrade_requested(headers: &http::HeaderMap) -> Option<HeaderValue> {
-    let asks = headers
-        .get_all(CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|token| token.trim().eq_ignore_ascii_case("upgrade"));
+    let asks = headers::connection_tokens(headers).any(|token| token.eq_ignore_ascii_case("upgrade"));
     asks.then(|| headers.get(UPGRADE).cloned()).flatten()
 }
 

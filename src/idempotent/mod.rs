@@ -218,14 +218,7 @@ impl Trace {
 /// the credential it may act as someone else, without Content-Type it may read the body
 /// differently.
 fn check_connection(headers: &HeaderMap, policy: &IdempotencyPolicy) -> Result<(), GatewayError> {
-    let named = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
-        .filter(|token| !token.is_empty());
-    for token in named {
+    for token in crate::headers::connection_tokens(headers) {
         let needed = [&policy.header, &header::CONTENT_TYPE, &header::CONTENT_LENGTH, &header::HOST]
             .into_iter()
             .cloned()
