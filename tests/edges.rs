@@ -342,6 +342,30 @@ async fn a_store_blip_after_the_upstream_answered_does_not_lose_the_answer() {
     assert_eq!(upstream.executions_by_key()["blip"], 1);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settle_applied_but_answered_too_late_is_not_counted_as_a_lost_lease() {
+    let slow = TestUpstream::with(Behavior { delay: Duration::from_millis(400), ..Behavior::default() }).await;
+    let Proxied { proxy, upstream, gw, client } = proxied(slow, "").await;
+
+    let c = client.clone();
+    let first = tokio::spawn(async move { c.post_json("/orders", Some("late-settle"), ORDER).await });
+    // The claim went through; the settle's reply (sent at about 400ms) then reaches the gateway
+    // after the 500ms store timeout, although Redis applied it. The settle is tried again
+    // and finds its own record settled.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    proxy.slow_replies(Duration::from_millis(400), Duration::from_millis(800));
+    let first = first.await.unwrap();
+    assert_eq!(first.status, 201);
+    assert_eq!(first.header("idempotency-status"), None);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+
+    let retry = client.post_json("/orders", Some("late-settle"), ORDER).await;
+    assert!(retry.is_replay(), "{retry:?}");
+    assert_eq!(upstream.executions_by_key()["late-settle"], 1);
+    let metrics = String::from_utf8(gw.admin_client().get("/metrics", &[]).await.body.to_vec()).unwrap();
+    assert!(metrics.contains(r#"idemgate_lease_lost_total{route="orders"} 0"#), "{metrics}");
+}
+
 // ---- quotas ---------------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

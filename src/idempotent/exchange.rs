@@ -157,7 +157,7 @@ impl Exchange {
                 if let Err(e) = settled {
                     tracing::debug!(route = %route.name, error = %e, "settle failed; answering first, then retrying");
                     let _ = answer.send((Ok(first_response(parts, body::full(body), false)), report()));
-                    settle.finish(lease, Final::Response(&stored)).await;
+                    settle.finish(lease, Final::Response(&stored), 1).await;
                     return;
                 }
                 let lost = settle.logged("settle", settled);
@@ -187,7 +187,7 @@ impl Exchange {
                 match end {
                     StreamEnd::Complete | StreamEnd::ClientGone => {
                         route.metrics.not_stored();
-                        settle.finish(lease, Final::Executed(&head)).await;
+                        settle.finish(lease, Final::Executed(&head), 0).await;
                     }
                     StreamEnd::Broken => {
                         settle.unknown(lease).await;
@@ -320,9 +320,10 @@ impl Settle<'_> {
         }
     }
 
-    /// Settles the claim with its outcome; true when the lease turned out to be lost.
-    async fn finish(&self, lease: Lease, outcome: Final<'_>) -> bool {
-        let result = persist(|| self.store.settle(&lease, outcome, self.policy.retention)).await;
+    /// Settles the claim with its outcome, after `failed` tries the caller already made; true
+    /// when the lease turned out to be lost.
+    async fn finish(&self, lease: Lease, outcome: Final<'_>, failed: u32) -> bool {
+        let result = persist(failed, || self.store.settle(&lease, outcome, self.policy.retention)).await;
         self.logged("settle", result)
     }
 
@@ -332,7 +333,7 @@ impl Settle<'_> {
         match self.policy.on_unknown_outcome {
             UnknownOutcomePolicy::Hold => {
                 self.route.metrics.outcome_unknown();
-                self.finish(lease, Final::Unknown).await;
+                self.finish(lease, Final::Unknown, 0).await;
             }
             UnknownOutcomePolicy::Release => self.release(lease, Sent::Maybe, ReleaseReason::Unknown).await,
         }
@@ -342,7 +343,7 @@ impl Settle<'_> {
     async fn release(&self, lease: Lease, sent: Sent, reason: ReleaseReason) {
         self.route.metrics.released(reason);
         let (key, owner, ttl) = lease.into_release();
-        let result = persist(|| self.store.release(&key, owner, sent, ttl)).await;
+        let result = persist(0, || self.store.release(&key, owner, sent, ttl)).await;
         self.logged("release", result);
     }
 
@@ -375,24 +376,25 @@ impl Settle<'_> {
 const SETTLE_TRIES: u32 = 4;
 const SETTLE_BACKOFF: Duration = Duration::from_millis(100);
 
-/// Runs a store call, repeating it (with a doubling pause) while it fails. A try that failed
-/// may have been applied all the same (its reply was lost), so `Lost` after a failed try
-/// means "settled by that try, or taken over": it is reported as `Done`, not as a takeover.
-async fn persist<F, Fut>(mut call: F) -> Result<Settled, StoreError>
+/// Runs a store call, repeating it (with a doubling pause) while it fails, up to
+/// `SETTLE_TRIES` tries in all counting the `failed` ones the caller already made. A try that
+/// failed may have been applied all the same (its reply was lost), so `Lost` after a failed
+/// try means "settled by that try, or taken over": it is reported as `Done`, not as a
+/// takeover.
+async fn persist<F, Fut>(mut failed: u32, mut call: F) -> Result<Settled, StoreError>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<Settled, StoreError>>,
 {
     let mut pause = SETTLE_BACKOFF;
-    let mut tries = 1;
     loop {
         match call().await {
-            Err(_) if tries < SETTLE_TRIES => {
+            Err(_) if failed + 1 < SETTLE_TRIES => {
                 tokio::time::sleep(pause).await;
                 pause *= 2;
-                tries += 1;
+                failed += 1;
             }
-            Ok(Settled::Lost) if tries > 1 => return Ok(Settled::Done),
+            Ok(Settled::Lost) if failed > 0 => return Ok(Settled::Done),
             result => return result,
         }
     }
