@@ -67,22 +67,21 @@ pub struct StoredHeaders {
     pub exclude: Vec<HeaderName>,
 }
 
-/// The headers of an upstream response that may be stored and replayed.
+/// The headers of an upstream response that may be stored and replayed. `headers` come
+/// without their hop-by-hop headers (the exchange strips them once, as the response
+/// arrives); the fixed hop-by-hop names are left out here as well, so that nothing of the
+/// one connection is ever stored.
 pub fn storable(headers: &HeaderMap, policy: &StoredHeaders) -> HeaderMap {
-    let mut out = headers.clone();
-    strip_hop_by_hop(&mut out);
-    let dropped: Vec<HeaderName> = out
-        .keys()
-        .filter(|name| {
-            name.as_str().starts_with("proxy-")
-                || NEVER_STORED.contains(name)
-                || policy.exclude.contains(name)
-                || policy.allow.as_ref().is_some_and(|allow| !allow.contains(name))
-        })
-        .cloned()
-        .collect();
-    for name in dropped {
-        out.remove(name);
+    let stored = |name: &HeaderName| {
+        !(is_hop_by_hop(name)
+            || name.as_str().starts_with("proxy-")
+            || NEVER_STORED.contains(name)
+            || policy.exclude.contains(name)
+            || policy.allow.as_ref().is_some_and(|allow| !allow.contains(name)))
+    };
+    let mut out = HeaderMap::with_capacity(headers.len());
+    for (name, value) in headers.iter().filter(|(name, _)| stored(name)) {
+        out.append(name.clone(), value.clone());
     }
     out
 }

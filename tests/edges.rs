@@ -366,6 +366,22 @@ async fn a_settle_applied_but_answered_too_late_is_not_counted_as_a_lost_lease()
     assert!(metrics.contains(r#"idemgate_lease_lost_total{route="orders"} 0"#), "{metrics}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn headers_the_upstream_names_in_connection_are_neither_relayed_nor_stored() {
+    let upstream = RawUpstream::start(Misbehaviour::Answer).await;
+    let gw = gateway(upstream.addr, "").await;
+    let client = gw.client();
+    let first = client.post_json("/orders", Some("hop-answer"), ORDER).await;
+    assert_eq!(first.status, 201);
+    let replay = client.post_json("/orders", Some("hop-answer"), ORDER).await;
+    assert!(replay.is_replay(), "{replay:?}");
+    for reply in [&first, &replay] {
+        assert_eq!(reply.header("x-upstream-hop"), None, "{reply:?}");
+        assert_eq!(reply.header("content-type"), Some("application/json"));
+    }
+    assert_eq!(upstream.executions(), 1);
+}
+
 // ---- quotas ---------------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

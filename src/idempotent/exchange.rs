@@ -262,7 +262,11 @@ async fn call(upstream: &Upstream, request: Request<Bytes>, limit: usize) -> End
         Err(_) => return Ended::NoAnswer(upstream.timed_out()),
         Ok(Err(e)) if e.sent() == Sent::No => return Ended::NotSent(e),
         Ok(Err(e)) => return Ended::NoAnswer(e),
-        Ok(Ok(response)) => response,
+        Ok(Ok(mut response)) => {
+            // Once, for what is stored and what the client gets alike.
+            headers::strip_hop_by_hop(response.headers_mut());
+            response
+        }
     };
     match tokio::time::timeout_at(deadline, capture::capture(response, limit)).await {
         Err(_) => Ended::NoAnswer(upstream.timed_out()),
@@ -400,8 +404,9 @@ where
     }
 }
 
+/// The upstream's answer as the first client gets it (hop-by-hop headers were stripped as
+/// it arrived, in `call`).
 fn first_response(mut parts: response::Parts, body: Body, lease_lost: bool) -> Response<Body> {
-    headers::strip_hop_by_hop(&mut parts.headers);
     // The client's protocol version, not the upstream's (see `proxy::relay`).
     parts.version = http::Version::HTTP_11;
     if lease_lost {

@@ -14,7 +14,8 @@ pub enum Misbehaviour {
     CloseAfterRequest,
     /// Sends a head with `content-length: 100`, ten bytes of body, and closes.
     HalfBody,
-    /// Answers properly (201), so that a retry that gets through can be told apart.
+    /// Answers properly (201), so that a retry that gets through can be told apart. The answer
+    /// names a header of its own in `Connection` (`x-upstream-hop`), which is hop-by-hop.
     Answer,
     /// Answers `HTTP/1.0 200 OK` and closes, as an old server does.
     AnswerHttp10,
@@ -132,7 +133,8 @@ async fn serve(mut stream: TcpStream, heads: Arc<Mutex<Vec<String>>>, mode: Arc<
             Misbehaviour::Answer => {
                 let body = b"{\"created\":true}";
                 let reply = format!(
-                    "HTTP/1.1 201 Created\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                    "HTTP/1.1 201 Created\r\ncontent-type: application/json\r\nconnection: x-upstream-hop\r\n\
+                     x-upstream-hop: this connection only\r\ncontent-length: {}\r\n\r\n",
                     body.len()
                 );
                 if stream.write_all(reply.as_bytes()).await.is_err() || stream.write_all(body).await.is_err() {
