@@ -55,11 +55,10 @@ pub struct Connection {
 /// Where a connection is between requests, for its deadline.
 #[derive(Debug, Clone, Copy)]
 enum Phase {
-    /// Accepted; nothing read yet. Its first head is due within the header timeout.
-    New { since: Instant },
     /// Waiting for the next request since `since` (its last byte in or out).
     Idle { since: Instant },
-    /// A head has begun arriving at `since`.
+    /// A head has begun arriving at `since` (or the connection was accepted then: its first
+    /// head is due within the header timeout from its start).
     Head { since: Instant },
     /// Requests are being handled: no deadline of the connection's own.
     Busy,
@@ -83,7 +82,8 @@ impl Connection {
         Self {
             peer,
             limits,
-            phase: Mutex::new(Phase::New { since: Instant::now() }),
+            // Accepted: its first head is due within the header timeout, as if it had begun.
+            phase: Mutex::new(Phase::Head { since: Instant::now() }),
             in_flight: AtomicUsize::new(0),
             exchanges: AtomicUsize::new(0),
             wasted: AtomicUsize::new(0),
@@ -107,7 +107,7 @@ impl Connection {
     pub fn deadline(&self) -> Option<(Instant, Expired)> {
         let l = &self.limits;
         match *self.phase() {
-            Phase::New { since } | Phase::Head { since } => Some((since + l.header_read_timeout, Expired::Head)),
+            Phase::Head { since } => Some((since + l.header_read_timeout, Expired::Head)),
             Phase::Idle { since } | Phase::IdleH2 { since } => Some((since + l.idle_timeout, Expired::Idle)),
             Phase::Busy => None,
         }

@@ -62,6 +62,19 @@ enum State {
 }
 
 impl Slot {
+    /// The record's state as the admin API shows it, at `now`.
+    fn entry_state(&self, now: Instant) -> EntryState {
+        match &self.state {
+            State::InProgress { deadline, .. } => {
+                EntryState::InProgress { lease_left: deadline.saturating_duration_since(now) }
+            }
+            State::Completed(r) => EntryState::Completed { status: r.status.as_u16(), body_len: r.body.len() },
+            State::Executed(r) => EntryState::Executed { status: r.status.as_u16() },
+            State::Unknown => EntryState::Unknown,
+            State::Released => EntryState::Released,
+        }
+    }
+
     fn weight(&self) -> u64 {
         match &self.state {
             State::Completed(r) | State::Executed(r) => r.weight() as u64,
@@ -124,9 +137,8 @@ impl Inner {
         }
     }
 
-    /// Evicts completed records, soonest to expire first, until `fits` holds. Returns whether
-    /// it holds in the end.
-    /// Evicts records nearest their expiry, of the kinds `evictable` allows, until `fits`.
+    /// Evicts records nearest their expiry, of the kinds `evictable` allows, until `fits`
+    /// holds; returns whether it holds in the end.
     fn evict_until(
         &mut self,
         keep: Option<&RecordKey>,
@@ -281,17 +293,10 @@ impl Store for MemoryStore {
     async fn get(&self, key: &RecordKey) -> Result<Option<Entry>, StoreError> {
         let now = Instant::now();
         let inner = self.lock();
-        Ok(inner.entries.get(key).map(|slot| {
-            let state = match &slot.state {
-                State::InProgress { deadline, .. } => {
-                    EntryState::InProgress { lease_left: deadline.saturating_duration_since(now) }
-                }
-                State::Completed(r) => EntryState::Completed { status: r.status.as_u16(), body_len: r.body.len() },
-                State::Executed(r) => EntryState::Executed { status: r.status.as_u16() },
-                State::Unknown => EntryState::Unknown,
-                State::Released => EntryState::Released,
-            };
-            Entry { state, attempt: slot.attempt, expires_in: slot.expires.0.saturating_duration_since(now) }
+        Ok(inner.entries.get(key).map(|slot| Entry {
+            state: slot.entry_state(now),
+            attempt: slot.attempt,
+            expires_in: slot.expires.0.saturating_duration_since(now),
         }))
     }
 
@@ -299,12 +304,9 @@ impl Store for MemoryStore {
         let released = {
             let mut inner = self.lock();
             let Some(slot) = inner.entries.get_mut(key) else { return Ok(None) };
-            let name = match slot.state {
-                State::InProgress { .. } => "in_progress",
-                State::Completed(_) => "completed",
-                State::Executed(_) => "executed",
-                State::Unknown => "unknown",
-                State::Released => return Ok(None),
+            let name = match slot.entry_state(Instant::now()) {
+                EntryState::Released => return Ok(None),
+                state => state.name(),
             };
             let weight = slot.weight();
             slot.state = State::Released;

@@ -150,9 +150,9 @@ impl Lease {
         self.duration
     }
 
-    /// How long the record lives while the claim is open, and as a tombstone after a release.
-    pub fn ttl(&self) -> Duration {
-        self.ttl
+    /// Consumes the lease for a release: its key, owner and tombstone ttl.
+    pub fn into_release(self) -> (RecordKey, OwnerToken, Duration) {
+        (self.key, self.owner, self.ttl)
     }
 }
 
@@ -343,13 +343,6 @@ pub trait Store: Send + Sync {
 
     /// Whether the store answers.
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
-}
-
-impl Lease {
-    /// Consumes the lease for a release: its key, owner and tombstone ttl.
-    pub fn into_release(self) -> (RecordKey, OwnerToken, Duration) {
-        (self.key, self.owner, self.ttl)
-    }
 }
 
 /// The configured store engine.

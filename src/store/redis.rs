@@ -183,10 +183,11 @@ impl RedisStore {
         tokio::time::timeout(self.timeout, call).await.map_err(|_| StoreError::Timeout(self.timeout))?
     }
 
-    /// Calls `script` on the one record `key`; `args` appends its ARGV.
-    async fn eval(&self, script: &Script, key: &RecordKey, args: impl FnOnce(&mut Cmd)) -> Result<Value, StoreError> {
+    /// Calls `script` on the one key `key` (a record, or a quota counter); `args` appends its
+    /// ARGV.
+    async fn eval(&self, script: &Script, key: &str, args: impl FnOnce(&mut Cmd)) -> Result<Value, StoreError> {
         let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.get_hash()).arg(1).arg(key.as_str());
+        cmd.arg(script.get_hash()).arg(1).arg(key);
         args(&mut cmd);
         self.query(cmd, Some(script)).await
     }
@@ -236,7 +237,7 @@ impl Store for RedisStore {
         ttl: Duration,
     ) -> Result<Claim, StoreError> {
         let reply = self
-            .eval(&self.scripts.claim, key, |cmd| {
+            .eval(&self.scripts.claim, key.as_str(), |cmd| {
                 cmd.arg(&fingerprint.as_bytes()[..]).arg(&owner.as_bytes()[..]).arg(ms(lease)).arg(ms(ttl.max(lease)));
             })
             .await?;
@@ -254,7 +255,7 @@ impl Store for RedisStore {
 
     async fn renew(&self, lease: &Lease) -> Result<Renewal, StoreError> {
         let reply = self
-            .eval(&self.scripts.renew, &lease.key, |cmd| {
+            .eval(&self.scripts.renew, lease.key.as_str(), |cmd| {
                 cmd.arg(&lease.owner.as_bytes()[..]).arg(ms(lease.duration)).arg(ms(lease.ttl.max(lease.duration)));
             })
             .await?;
@@ -271,7 +272,7 @@ impl Store for RedisStore {
             Final::Unknown => ("u", None),
         };
         let reply = self
-            .eval(&self.scripts.settle, &lease.key, |cmd| {
+            .eval(&self.scripts.settle, lease.key.as_str(), |cmd| {
                 cmd.arg(&lease.owner.as_bytes()[..]).arg(state);
                 match response {
                     Some(r) => cmd.arg(Encoded(r)),
@@ -295,7 +296,7 @@ impl Store for RedisStore {
             Sent::No => "0",
         };
         let reply = self
-            .eval(&self.scripts.release, key, |cmd| {
+            .eval(&self.scripts.release, key.as_str(), |cmd| {
                 cmd.arg(&owner.as_bytes()[..]).arg(sent).arg(ms(ttl)).arg(&self.channel);
             })
             .await?;
@@ -303,7 +304,7 @@ impl Store for RedisStore {
     }
 
     async fn get(&self, key: &RecordKey) -> Result<Option<Entry>, StoreError> {
-        let mut items = Reply::array(self.eval(&self.scripts.inspect, key, |_| {}).await?)?;
+        let mut items = Reply::array(self.eval(&self.scripts.inspect, key.as_str(), |_| {}).await?)?;
         if items.is_empty() {
             return Ok(None);
         }
@@ -326,7 +327,7 @@ impl Store for RedisStore {
     }
 
     async fn purge(&self, key: &RecordKey) -> Result<Option<&'static str>, StoreError> {
-        let reply = self.eval(&self.scripts.purge, key, |cmd| {
+        let reply = self.eval(&self.scripts.purge, key.as_str(), |cmd| {
             cmd.arg(&self.channel);
         });
         let mut items = Reply(vec![reply.await?].into_iter());
@@ -346,9 +347,10 @@ impl Store for RedisStore {
     }
 
     async fn count_new_key(&self, key: &QuotaKey, window: Duration) -> Result<(u64, Duration), StoreError> {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(self.scripts.quota.get_hash()).arg(1).arg(key.as_str()).arg(ms(window));
-        let mut items = Reply::array(self.query(cmd, Some(&self.scripts.quota)).await?)?;
+        let reply = self.eval(&self.scripts.quota, key.as_str(), |cmd| {
+            cmd.arg(ms(window));
+        });
+        let mut items = Reply::array(reply.await?)?;
         let count = u64::try_from(items.int()?).map_err(|_| protocol("quota count out of range"))?;
         let left = Duration::from_millis(items.int()?.max(0) as u64);
         Ok((count, left))
