@@ -116,11 +116,6 @@ impl Peer {
         self
     }
 
-    /// The scheme the peer reached the gateway with: `"http"` or `"https"`.
-    pub fn proto(&self) -> &'static str {
-        self.proto
-    }
-
     /// The peer's address.
     pub fn ip(&self) -> IpAddr {
         self.ip
@@ -128,8 +123,9 @@ impl Peer {
 }
 
 /// Sets the forwarding headers of a request on its way upstream. `host` is the Host (or
-/// `:authority`) the client asked for; `proto` is the scheme the client used.
-pub fn apply(headers: &mut HeaderMap, peer: &Peer, proto: &'static str, host: Option<&HeaderValue>) {
+/// `:authority`) the client asked for; the scheme is the one the peer used.
+pub fn apply(headers: &mut HeaderMap, peer: &Peer, host: Option<&HeaderValue>) {
+    let proto = peer.proto;
     if !peer.trusted {
         drop_client_claims(headers);
     }
@@ -222,7 +218,7 @@ mod tests {
             ("forwarded", "for=1.2.3.4"),
         ]);
         let host = HeaderValue::from_static("shop.example");
-        apply(&mut h, &peer, "http", Some(&host));
+        apply(&mut h, &peer, Some(&host));
         assert_eq!(h["x-forwarded-for"], "203.0.113.9");
         assert_eq!(h["x-forwarded-host"], "shop.example");
         assert_eq!(h["x-forwarded-proto"], "http");
@@ -241,7 +237,7 @@ mod tests {
             ("x-real-ip", "203.0.113.9"),
             ("forwarded", "for=203.0.113.9;proto=https"),
         ]);
-        apply(&mut h, &peer, "http", Some(&HeaderValue::from_static("shop.example")));
+        apply(&mut h, &peer, Some(&HeaderValue::from_static("shop.example")));
         assert_eq!(h["x-forwarded-for"], "203.0.113.9, 10.0.0.2");
         assert_eq!(h["x-forwarded-proto"], "https", "the proxy saw the client's scheme");
         assert_eq!(h["x-real-ip"], "203.0.113.9");
@@ -252,7 +248,7 @@ mod tests {
     fn ipv6_peers_are_quoted_in_forwarded() {
         let peer = Peer::new("[2001:db8::1]:5000".parse().unwrap(), &TrustedProxies::default());
         let mut h = HeaderMap::new();
-        apply(&mut h, &peer, "http", None);
+        apply(&mut h, &peer, None);
         assert_eq!(h["forwarded"], "for=\"[2001:db8::1]\";proto=http");
         assert_eq!(h["x-forwarded-for"], "2001:db8::1");
         assert!(h.get("x-forwarded-host").is_none());

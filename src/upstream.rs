@@ -149,7 +149,7 @@ impl Upstream {
         headers::strip_hop_by_hop(&mut parts.headers);
         // Host names the upstream; the client's Host travels as X-Forwarded-Host.
         parts.headers.remove(http::header::HOST);
-        forwarded::apply(&mut parts.headers, peer, peer.proto(), original_host.as_ref());
+        forwarded::apply(&mut parts.headers, peer, original_host.as_ref());
     }
 
     fn target(&self, original: &Uri) -> Uri {

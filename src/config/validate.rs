@@ -29,6 +29,8 @@ pub mod defaults {
     use std::time::Duration;
 
     pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(8);
+    pub const LOG_FORMAT: &str = "pretty";
+    pub const ON_STORE_ERROR: &str = "fail-closed";
     pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
     pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
     pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
@@ -135,7 +137,8 @@ fn server(s: &file::ServerSection, env: &dyn Fn(&str) -> Option<String>, issues:
     let limits = limits(s, issues);
     let trusted_proxies =
         issues.check("server.trusted_proxies", TrustedProxies::parse(s.trusted_proxies.as_deref().unwrap_or_default()));
-    let log_format = issues.check("server.log_format", LogFormat::parse(s.log_format.as_deref().unwrap_or("pretty")));
+    let log_format =
+        issues.check("server.log_format", LogFormat::parse(s.log_format.as_deref().unwrap_or(defaults::LOG_FORMAT)));
     let tls = s.tls.as_ref().and_then(|t| {
         let tls = ListenerTls { cert: t.cert.clone(), key: t.key.clone() };
         issues.check("server.tls", crate::tls::acceptor(&tls).map(|_| tls).map_err(|e| e.to_string()))
@@ -469,7 +472,7 @@ fn policy(key: &str, s: &IdempotencySection, issues: &mut Issues) -> Option<Idem
         .map(|names| names.iter().filter_map(|h| header_name(issues, &format!("{key}.replay_headers"), h)).collect());
     let on_store_error = issues.check(
         &format!("{key}.on_store_error"),
-        StoreFailurePolicy::parse(s.on_store_error.as_deref().unwrap_or("fail-closed")),
+        StoreFailurePolicy::parse(s.on_store_error.as_deref().unwrap_or(defaults::ON_STORE_ERROR)),
     );
     let replay_header = header_name(
         issues,
