@@ -49,8 +49,20 @@ impl RedisServer {
     }
 
     /// Makes this server a replica of `primary`.
+    /// Makes this server a replica of `primary` and waits until the link is up. Waiting
+    /// matters: a primary takes a new replication ID when its first replica attaches, which
+    /// a gateway that had already seen the old one would rightly report as a failover.
     pub fn replicate(&self, primary: &RedisServer) {
         let _: () = ::redis::cmd("REPLICAOF").arg("127.0.0.1").arg(primary.port).query(&mut self.connection()).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let info: String = ::redis::cmd("INFO").arg("replication").query(&mut self.connection()).unwrap();
+            if info.lines().any(|l| l.trim() == "master_link_status:up") {
+                return;
+            }
+            assert!(std::time::Instant::now() < deadline, "the replica never linked to its primary: {info}");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
     }
 
     /// Promotes this replica to a primary, as a failover does.
