@@ -10,6 +10,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use super::client::Client;
+use super::gateway_proc::Toml;
 
 pub struct TestGateway {
     pub addr: SocketAddr,
@@ -74,47 +75,18 @@ impl StoreKind {
 /// A config with an idempotent `POST /orders` route (extra policy lines in `policy`), a
 /// fail-open twin at `POST /open-orders`, and a pass-through route for everything else.
 pub fn config(store: &StoreKind, upstream: SocketAddr, policy: &str) -> String {
-    let prefix = super::unique("t");
-    format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-admin_listen = "127.0.0.1:0"
-admin_token = "test-admin-token-0123456789"
-shutdown_grace = "2s"
-
-[store]
-{store}
-
-[upstreams.app]
-url = "http://{upstream}"
-timeout = "3s"
-connect_timeout = "1s"
-
-[[routes]]
-name = "orders"
-methods = ["POST"]
-path = "/orders"
-upstream = "app"
-
-[routes.idempotency]
-{policy}
-
-[[routes]]
-name = "open-orders"
-methods = ["POST"]
-path = "/open-orders"
-upstream = "app"
-
-[routes.idempotency]
-on_store_error = "fail-open"
-{policy}
-
-[[routes]]
-name = "rest"
-path = "/{{*rest}}"
-upstream = "app"
-"#,
-        store = store.toml(&prefix),
-    )
+    let store = store.toml(&super::unique("t"));
+    let open_orders = format!(
+        "\n[[routes]]\nname = \"open-orders\"\nmethods = [\"POST\"]\npath = \"/open-orders\"\nupstream = \"app\"\n\n\
+         [routes.idempotency]\non_store_error = \"fail-open\"\n{policy}\n"
+    );
+    Toml {
+        server: "admin_token = \"test-admin-token-0123456789\"\nshutdown_grace = \"2s\"",
+        store: &store,
+        upstream_lines: "timeout = \"3s\"\nconnect_timeout = \"1s\"",
+        policy,
+        routes: open_orders,
+        ..Toml::new(upstream)
+    }
+    .render()
 }

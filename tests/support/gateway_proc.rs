@@ -165,9 +165,9 @@ pub struct Toml<'a> {
     pub upstream_lines: &'a str,
     /// Lines of the orders route's `[routes.idempotency]`.
     pub policy: &'a str,
-    /// Whether `/{*rest}` passes through to the upstream.
+    /// Whether `/{*rest}` passes through to the upstream (the last route).
     pub pass_through: bool,
-    /// Routes appended after the others.
+    /// Routes after the orders route.
     pub routes: String,
 }
 
@@ -211,7 +211,7 @@ upstream = "app"
 
 [routes.idempotency]
 {policy}
-{rest}{routes}"#
+{routes}{rest}"#
         )
     }
 }
