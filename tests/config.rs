@@ -254,14 +254,27 @@ fn backend_specific_keys_are_checked_against_the_backend() {
     assert_issue(&text, "store.max_entries", "memory backend only");
     let text = MINIMAL.replace("backend = \"memory\"", "backend = \"redis\"\nurl = \"http://127.0.0.1\"");
     assert_issue(&text, "store.url", "not a usable Redis URL");
-    for (url, reason) in [
-        ("redis+sentinel://127.0.0.1:26379/mymaster", "Sentinel discovery is not supported yet"),
-        ("rediss+sentinel://127.0.0.1:26379/mymaster", "Sentinel discovery is not supported yet"),
-        ("redis+cluster://127.0.0.1:7000,127.0.0.1:7001", "Redis Cluster is not supported yet"),
+    let redis = |url: &str, extra: &str| {
+        MINIMAL.replace("backend = \"memory\"", &format!("backend = \"redis\"\nurl = \"{url}\"\n{extra}"))
+    };
+    for url in [
+        "redis+sentinel://127.0.0.1:26379,127.0.0.1:26380/mymaster",
+        "rediss+sentinel://127.0.0.1:26379/mymaster",
+        "redis+cluster://127.0.0.1:7000,127.0.0.1:7001",
+        "rediss+cluster://u:p@[::1]:7000",
     ] {
-        let text = MINIMAL.replace("backend = \"memory\"", &format!("backend = \"redis\"\nurl = \"{url}\""));
-        assert_issue(&text, "store.url", reason);
+        assert!(Config::from_toml(&redis(url, ""), "test.toml").is_ok(), "{url} was refused");
     }
+    for (url, reason) in [
+        ("redis+sentinel://127.0.0.1:26379", "names its master"),
+        ("redis+cluster://127.0.0.1:7000/1", "no path"),
+        ("redis+cluster://127.0.0.1:70000", "bad port"),
+    ] {
+        assert_issue(&redis(url, ""), "store.url", reason);
+    }
+    // A hash tag in the prefix would put every record in one slot of the cluster.
+    assert_issue(&redis("redis+cluster://127.0.0.1:7000", "key_prefix = \"{idem}\""), "store.key_prefix", "one shard");
+    assert_issue(&redis("redis+sentinel://s:1/m", "ca_file = \"/etc/hostname\""), "store.ca_file", "TLS URLs only");
     let text = MINIMAL.replace("backend = \"memory\"", "backend = \"etcd\"");
     assert_issue(&text, "store.backend", "neither \"redis\" nor \"memory\"");
 }

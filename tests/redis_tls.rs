@@ -171,7 +171,7 @@ fn tls_files_are_checked_at_load() {
     let check =
         |text: &str| idemgate::config::Config::from_toml_with_env(text, "t", &|_| None).err().map(|e| e.to_string());
     let plain = check(&with("redis://127.0.0.1:6379", &format!("ca_file = {:?}", pki.path("ca.pem")))).unwrap();
-    assert!(plain.contains("store.ca_file: applies to rediss:// (TLS) URLs only"), "{plain}");
+    assert!(plain.contains("store.ca_file: applies to TLS URLs only (rediss://"), "{plain}");
     let half = check(&with("rediss://127.0.0.1:6379", &format!("cert_file = {:?}", pki.path("client.pem")))).unwrap();
     assert!(half.contains("store.key_file: is required with cert_file"), "{half}");
     let missing = check(&with("rediss://127.0.0.1:6379", "ca_file = \"/nonexistent/ca.pem\"")).unwrap();

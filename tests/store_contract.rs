@@ -1,8 +1,9 @@
 //! One conformance suite for every store backend.
 //!
 //! Each scenario is written once against the `Store` trait and instantiated for the memory
-//! store and for Redis (a private `redis-server`). Time-dependent scenarios use short real
-//! durations because Redis keeps its own clock.
+//! store and for Redis in each topology: one private `redis-server`, a local Sentinel set
+//! (primary, replica, three Sentinels) and a local 3-primary Redis Cluster. Time-dependent
+//! scenarios use short real durations because Redis keeps its own clock.
 
 mod support;
 
@@ -17,7 +18,7 @@ use idemgate::store::{
     Backend, Claim, EntryState, Final, Lease, MemoryStore, OwnerToken, QuotaKey, RecordKey, RedisStore, Renewal, Sent,
     Settled, Store, StoredResponse,
 };
-use support::redis::RedisServer;
+use support::redis::{RedisCluster, RedisServer, SentinelSet};
 
 const LEASE: Duration = Duration::from_millis(300);
 const TTL: Duration = Duration::from_secs(60);
@@ -349,6 +350,28 @@ macro_rules! contract {
                 }
             )*
         }
+        mod sentinel {
+            $(
+                #[tokio::test]
+                async fn $scenario() {
+                    let url = super::sentinels().url();
+                    let prefix = super::support::unique("contract");
+                    let store = super::ready(super::RedisStore::new(&url, 8, std::time::Duration::from_secs(2), &prefix).unwrap()).await;
+                    super::$scenario(store, prefix).await;
+                }
+            )*
+        }
+        mod cluster {
+            $(
+                #[tokio::test]
+                async fn $scenario() {
+                    let url = super::cluster().url();
+                    let prefix = super::support::unique("contract");
+                    let store = super::ready(super::RedisStore::new(&url, 8, std::time::Duration::from_secs(2), &prefix).unwrap()).await;
+                    super::$scenario(store, prefix).await;
+                }
+            )*
+        }
     };
 }
 
@@ -375,6 +398,106 @@ contract!(
     new_key_budgets_count_within_their_window,
     ping_answers,
 );
+
+/// The Sentinel set shared by this binary's tests.
+fn sentinels() -> &'static SentinelSet {
+    static SET: std::sync::OnceLock<SentinelSet> = std::sync::OnceLock::new();
+    SET.get_or_init(|| SentinelSet::start("contract"))
+}
+
+/// The 3-primary cluster shared by this binary's tests.
+fn cluster() -> &'static RedisCluster {
+    static CLUSTER: std::sync::OnceLock<RedisCluster> = std::sync::OnceLock::new();
+    CLUSTER.get_or_init(|| RedisCluster::start(3, 0))
+}
+
+/// `store` once it answers and its notification subscriber had time to connect, as it would
+/// long before traffic (a Sentinel store first asks the Sentinels for the primary).
+async fn ready(store: RedisStore) -> Backend {
+    let store = Backend::new(idemgate::store::Engine::Redis(store));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while let Err(e) = store.ping().await {
+        assert!(tokio::time::Instant::now() < deadline, "the store never answered: {e}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    store
+}
+
+/// Cluster-only: a settle on any shard notifies a subscriber on one node. The gateway keeps one
+/// subscription, on any node; this is what wakes its waiters for keys on every other shard.
+#[tokio::test]
+async fn cluster_settle_notifications_from_every_shard_reach_one_node() {
+    let cluster = cluster();
+    let prefix = support::unique("shards");
+    let store = ready(RedisStore::new(&cluster.url(), 2, Duration::from_secs(2), &prefix).unwrap()).await;
+    let primaries = cluster.primary_ports();
+    let listener = primaries[0];
+    let mut conn = cluster.connection(listener);
+    conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut pubsub = conn.as_pubsub();
+    pubsub.subscribe(format!("{prefix}:settled")).unwrap();
+    // One record on each shard.
+    let mut shards = std::collections::HashSet::new();
+    for n in 0.. {
+        let k = record(&prefix, &format!("\"k{n}\""));
+        if !shards.insert(cluster.node_for_key(k.as_str())) {
+            continue;
+        }
+        let lease = acquire(&store, &k, fp(1), Duration::from_secs(10)).await;
+        // A waiter flags the record, so that the settle publishes.
+        assert!(matches!(claim(&store, &k, fp(1)).await, Claim::InFlight { .. }));
+        complete(&store, lease, &response(b"{}"), RETENTION).await;
+        let message = pubsub.get_message().expect("a notification on the listening node");
+        assert_eq!(message.get_payload::<String>().unwrap(), k.as_str());
+        if shards.len() == primaries.len() {
+            break;
+        }
+    }
+    assert_eq!(shards.len(), 3, "one record on each of the three shards, heard on node {listener}");
+}
+
+/// Cluster-only: each shard gets its own epoch marker, on that shard, and a shard that loses
+/// its data is noticed while the others are untouched.
+#[tokio::test]
+async fn cluster_data_loss_is_detected_per_shard() {
+    let cluster = RedisCluster::start(3, 0);
+    let prefix = support::unique("epochs");
+    let store = RedisStore::new(&cluster.url(), 2, Duration::from_secs(2), &prefix).unwrap();
+    let losses = store.data_loss_counter();
+    let store = ready(store).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let holding: Vec<u16> = cluster
+            .primary_ports()
+            .into_iter()
+            .filter(|port| {
+                let keys: Vec<String> = ::redis::cmd("KEYS")
+                    .arg(format!("{prefix}:epoch:*"))
+                    .query(&mut cluster.connection(*port))
+                    .unwrap();
+                keys.len() == 1
+            })
+            .collect();
+        if holding.len() == 3 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "markers only on {holding:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Let a check see all three markers, then empty one shard.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(losses.get(), 0, "nothing was lost yet");
+    cluster.flush_node(cluster.primary_ports()[1]);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while losses.get() == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "the emptied shard was not noticed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(losses.get(), 1, "one shard lost its data, once");
+    drop(store);
+}
 
 /// Redis-only: records are hashes under hashed names; neither the key nor the caller appears.
 #[tokio::test]

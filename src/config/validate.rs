@@ -23,6 +23,7 @@ use crate::idempotent::fingerprint::{FingerprintSpec, JsonPointer};
 use crate::idempotent::policy::{IdempotencyPolicy, Quota, StatusSet, StoreFailurePolicy, UnknownOutcomePolicy};
 use crate::idempotent::scope::{MissingScope, ScopeSource};
 use crate::router::{RouteSpec, Router, RouterError};
+use crate::store::RedisTarget as Target;
 
 /// Defaults, in one place so that docs/configuration.md can be checked against them.
 pub mod defaults {
@@ -209,6 +210,7 @@ fn socket_addr(text: &str) -> Result<SocketAddr, String> {
 }
 
 fn store(s: &file::StoreSection, env: &dyn Fn(&str) -> Option<String>, issues: &mut Issues) -> Option<StoreConfig> {
+    let mut cluster = false;
     let backend = match s.backend.as_str() {
         "redis" => {
             for (set, key) in [(s.max_entries.is_some(), "max_entries"), (s.max_bytes.is_some(), "max_bytes")] {
@@ -216,18 +218,21 @@ fn store(s: &file::StoreSection, env: &dyn Fn(&str) -> Option<String>, issues: &
                     issues.add(format!("store.{key}"), "applies to the memory backend only");
                 }
             }
-            let url = match &s.url {
+            // Parsing only; no connection is made here.
+            let target = match &s.url {
                 None => {
                     issues.add("store.url", "is required for the redis backend, e.g. \"redis://127.0.0.1:6379\"");
                     None
                 }
-                Some(url) => issues.check("store.url", redis_url(url)),
+                Some(url) => issues.check("store.url", Target::parse(url)),
             };
+            let url = target.as_ref().and(s.url.clone());
+            cluster = matches!(target, Some(Target::Cluster { .. }));
             let connections = s.connections.unwrap_or(defaults::CONNECTIONS);
             if !(1..=64).contains(&connections) {
                 issues.add("store.connections", "must be between 1 and 64");
             }
-            let tls = redis_tls(s, url.as_deref(), issues);
+            let tls = redis_tls(s, target.as_ref(), issues);
             let password = match &s.password_env {
                 None => Some(None),
                 Some(var) => match env(var) {
@@ -272,17 +277,27 @@ fn store(s: &file::StoreSection, env: &dyn Fn(&str) -> Option<String>, issues: &
     let key_prefix = s.key_prefix.clone().unwrap_or_else(|| defaults::KEY_PREFIX.to_owned());
     if key_prefix.is_empty() || !key_prefix.bytes().all(|b| b.is_ascii_graphic()) {
         issues.add("store.key_prefix", "must be non-empty printable ASCII without spaces");
+    } else if cluster && key_prefix.contains(['{', '}']) {
+        // Redis hashes only the part between the first braces of a key: every record would
+        // land in one slot, on one shard, and the cluster would not spread the load.
+        issues.add(
+            "store.key_prefix",
+            "must not contain '{' or '}' with a Redis Cluster (a hash tag would put every record on one shard)",
+        );
     }
     Some(StoreConfig { backend: backend?, timeout, key_prefix })
 }
 
-/// The TLS files of a `rediss://` store, each checked readable.
-fn redis_tls(s: &file::StoreSection, url: Option<&str>, issues: &mut Issues) -> RedisTls {
-    let tls = url.is_some_and(|u| u.starts_with("rediss://"));
+/// The TLS files of a TLS store (`rediss://`, `rediss+sentinel://`, `rediss+cluster://`),
+/// each checked readable.
+fn redis_tls(s: &file::StoreSection, target: Option<&Target>, issues: &mut Issues) -> RedisTls {
     let mut readable = |key: &str, path: &Option<PathBuf>| -> Option<PathBuf> {
         let path = path.as_ref()?;
-        if url.is_some() && !tls {
-            issues.add(format!("store.{key}"), "applies to rediss:// (TLS) URLs only");
+        if target.is_some_and(|t| !t.tls()) {
+            issues.add(
+                format!("store.{key}"),
+                "applies to TLS URLs only (rediss://, rediss+sentinel://, rediss+cluster://)",
+            );
             return None;
         }
         match std::fs::metadata(path) {
@@ -309,18 +324,6 @@ fn redis_tls(s: &file::StoreSection, url: Option<&str>, issues: &mut Issues) -> 
         _ => None,
     };
     RedisTls { ca_file, client }
-}
-
-fn redis_url(url: &str) -> Result<String, String> {
-    let scheme = url.split_once("://").map_or("", |(scheme, _)| scheme).to_ascii_lowercase();
-    if scheme.starts_with("redis+sentinel") || scheme.starts_with("rediss+sentinel") {
-        return Err("Sentinel discovery is not supported yet; use the primary's address (redis:// or rediss://)".into());
-    }
-    if scheme.starts_with("redis+cluster") || scheme.starts_with("rediss+cluster") {
-        return Err("Redis Cluster is not supported yet; use a single primary (redis:// or rediss://)".into());
-    }
-    // Parsing only; no connection is made here.
-    redis::Client::open(url).map(|_| url.to_owned()).map_err(|e| format!("not a usable Redis URL: {e}"))
 }
 
 fn upstream(name: &str, s: &file::UpstreamSection, issues: &mut Issues) -> Option<UpstreamConfig> {

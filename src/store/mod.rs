@@ -39,6 +39,7 @@ use thiserror::Error;
 pub use self::memory::MemoryStore;
 pub use self::record::{RecordError, StoredResponse};
 pub use self::redis::RedisStore;
+pub use self::redis::target::Target as RedisTarget;
 pub use self::waiters::Watch;
 
 use crate::config::{StoreBackendConfig, StoreConfig};
@@ -378,8 +379,7 @@ impl Backend {
         Ok(Self::new(match &config.backend {
             StoreBackendConfig::Redis { url, connections, tls, password } => {
                 let password = password.as_ref().map(|p| p.0.as_str());
-                let client = redis::client(url, tls, password)?;
-                Engine::Redis(RedisStore::with_client(client, *connections, config.timeout, &config.key_prefix)?)
+                Engine::Redis(RedisStore::open(url, tls, password, *connections, config.timeout, &config.key_prefix)?)
             }
             StoreBackendConfig::Memory { max_entries, max_bytes } => {
                 Engine::Memory(MemoryStore::new(*max_entries, *max_bytes))

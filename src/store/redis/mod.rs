@@ -11,32 +11,26 @@
 //!
 //! Waiting duplicates are woken through pub/sub: a claim that finds the key in flight sets a
 //! flag on the record, and the owner's complete/release script publishes the key name on the
-//! gateway's channel only when that flag is set, so uncontended keys cost nothing. One
-//! subscriber task per gateway fans messages out to local waiters. Pub/sub delivery is
-//! at-most-once; waiters therefore also re-read the key at a bounded interval.
-//!
-//! Redis can lose records: a restart without persistence, a failover to a replica that had not
-//! caught up, a FLUSHALL, eviction under memory pressure. The gateway cannot prevent a retry
-//! from running again then (the upstream's UNIQUE constraint must catch it), but it says so:
-//! each gateway keeps an epoch marker (`PREFIX:epoch`) and checks it every second, together
-//! with the server's `run_id` and `master_replid`; when the marker vanishes or changes, or the
-//! server behind the address is another one (restart, failover), the loss is logged and
-//! counted (`store_data_loss_total`). Only `maxmemory-policy noeviction` keeps records from
-//! being evicted: the `volatile-*` policies evict records (they expire), never the marker.
+//! gateway's channel only when that flag is set, so uncontended keys cost nothing (see
+//! `notify`). Where Redis is and how connections follow it is `links`; data-loss detection is
+//! `epoch`.
+
+mod epoch;
+mod links;
+mod notify;
+pub mod target;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures_util::StreamExt;
 use prometheus_client::metrics::counter::Counter;
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{
-    Cmd, ErrorKind, FromRedisValue, IntoConnectionInfo, RedisError, RedisWrite, Script, ServerErrorKind, ToRedisArgs,
-    Value,
-};
+use redis::{Cmd, ErrorKind, FromRedisValue, RedisWrite, Script, ServerErrorKind, ToRedisArgs, Value};
 use tokio::task::JoinHandle;
+
+use self::links::{Links, Opened, unavailable};
+use self::target::Target;
 
 use super::waiters::Waiters;
 use super::{
@@ -81,14 +75,14 @@ impl Scripts {
 
 /// Redis-backed store, shared by any number of gateway instances.
 pub struct RedisStore {
-    connections: Connections,
+    links: Links,
     scripts: Arc<Scripts>,
     timeout: Duration,
     channel: String,
     waiters: Arc<Waiters>,
     subscribed: Arc<AtomicBool>,
     data_loss: Counter,
-    /// Subscriber, epoch watch and script warm-up; stopped with the store.
+    /// Subscriber, epoch watch, script warm-up and Sentinel follower; stopped with the store.
     background: Vec<JoinHandle<()>>,
 }
 
@@ -100,66 +94,48 @@ impl Drop for RedisStore {
     }
 }
 
-/// A fixed set of multiplexed, self-reconnecting connections, used in turn.
-#[derive(Clone)]
-struct Connections {
-    managers: Arc<[ConnectionManager]>,
-    next: Arc<AtomicUsize>,
-}
-
-impl Connections {
-    fn new(client: &redis::Client, count: usize, timeout: Duration) -> Result<Self, StoreError> {
-        // A broken connection is re-established on the next call; retries inside one call are
-        // few and short so that an unreachable Redis surfaces as an error within the timeout
-        // (and the route's on_store_error applies) instead of a long hang. The deadline of a
-        // call is set once, by `query`; the connection timeout here bounds a reconnection,
-        // which also runs outside any call.
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(timeout))
-            .set_response_timeout(None)
-            .set_number_of_retries(1)
-            .set_min_delay(Duration::from_millis(20))
-            .set_max_delay(timeout);
-        let managers = (0..count.max(1))
-            .map(|_| ConnectionManager::new_lazy_with_config(client.clone(), config.clone()))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(unavailable)?;
-        Ok(Self { managers: managers.into(), next: Arc::new(AtomicUsize::new(0)) })
-    }
-
-    fn pick(&self) -> ConnectionManager {
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.managers.len();
-        self.managers[i].clone()
-    }
-}
-
 impl RedisStore {
-    /// Prepares `connections` multiplexed connections and starts the notification subscriber.
-    /// Connections are made on first use, so this succeeds while Redis is down. Must be called
-    /// inside a tokio runtime.
+    /// A store at `url` (any [`Target`]) without TLS files or a separate password; see
+    /// [`RedisStore::open`].
     pub fn new(url: &str, connections: usize, timeout: Duration, key_prefix: &str) -> Result<Self, StoreError> {
-        Self::with_client(redis::Client::open(url).map_err(unavailable)?, connections, timeout, key_prefix)
+        Self::open(url, &RedisTls::default(), None, connections, timeout, key_prefix)
     }
 
-    /// Like [`RedisStore::new`], over a client built by [`client`] (TLS, a password).
-    pub fn with_client(
-        client: redis::Client,
+    /// Prepares `connections` multiplexed connections to `url` and starts the background
+    /// tasks (notifications, data-loss detection, script warm-up, and for Sentinel the
+    /// follower). Connections are made on first use, so this succeeds while Redis is down.
+    /// `tls` replaces the system roots with a CA bundle and adds a client certificate for
+    /// mutual TLS; `password` (from `password_env`) overrides a password in the URL. Neither
+    /// appears in an error. Must be called inside a tokio runtime.
+    pub fn open(
+        url: &str,
+        tls: &RedisTls,
+        password: Option<&str>,
         connections: usize,
         timeout: Duration,
         key_prefix: &str,
     ) -> Result<Self, StoreError> {
-        let connections = Connections::new(&client, connections, timeout)?;
+        let target = Target::parse(url).map_err(|e| StoreError::Unavailable(format!("bad Redis URL: {e}")))?;
+        let Opened { links, follower } = Links::open(target, tls, password, connections, timeout)?;
         let scripts = Arc::new(Scripts::new());
         let channel = format!("{key_prefix}:settled");
         let waiters = Arc::new(Waiters::default());
         let subscribed = Arc::new(AtomicBool::new(false));
         let data_loss = Counter::default();
-        let background = vec![
-            tokio::spawn(subscribe(client, channel.clone(), Arc::clone(&waiters), Arc::clone(&subscribed))),
-            tokio::spawn(watch_epoch(connections.pick(), format!("{key_prefix}:epoch"), data_loss.clone())),
-            tokio::spawn(load_scripts(connections.clone(), Arc::clone(&scripts))),
+        let mut background = vec![
+            tokio::spawn(notify::subscribe(
+                links.clone(),
+                channel.clone(),
+                Arc::clone(&waiters),
+                Arc::clone(&subscribed),
+            )),
+            tokio::spawn(epoch::watch(links.clone(), format!("{key_prefix}:epoch"), data_loss.clone())),
+            tokio::spawn(load_scripts(links.clone(), Arc::clone(&scripts))),
         ];
-        Ok(Self { connections, scripts, timeout, channel, waiters, subscribed, data_loss, background })
+        if let Some(follower) = follower {
+            background.push(tokio::spawn(follower.run(links.clone())));
+        }
+        Ok(Self { links, scripts, timeout, channel, waiters, subscribed, data_loss, background })
     }
 
     /// Counts the times this gateway saw Redis lose its data (see the module docs).
@@ -171,14 +147,23 @@ impl RedisStore {
     /// restarted or failed over) loads the script and repeats the call once.
     async fn query<T: FromRedisValue>(&self, cmd: Cmd, script: Option<&Script>) -> Result<T, StoreError> {
         let call = async {
-            let mut conn = self.connections.pick();
-            match (cmd.query_async(&mut conn).await, script) {
+            let mut conn = self.links.pick()?;
+            let result = match (cmd.query_async(&mut conn).await, script) {
                 (Err(e), Some(script)) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                    script.load_async(&mut conn).await.map_err(unavailable)?;
-                    cmd.query_async(&mut conn).await.map_err(unavailable)
+                    match script.load_async(&mut conn).await {
+                        Ok(_) => cmd.query_async(&mut conn).await,
+                        Err(e) => Err(e),
+                    }
                 }
-                (result, _) => result.map_err(unavailable),
+                (result, _) => result,
+            };
+            if let Err(e) = &result {
+                // A demoted primary answers READONLY; a dead one breaks the connection.
+                if e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly) || e.is_io_error() {
+                    self.links.report_trouble();
+                }
             }
+            result.map_err(unavailable)
         };
         tokio::time::timeout(self.timeout, call).await.map_err(|_| StoreError::Timeout(self.timeout))?
     }
@@ -191,35 +176,6 @@ impl RedisStore {
         args(&mut cmd);
         self.query(cmd, Some(script)).await
     }
-}
-
-/// A Redis client for `url`: `redis://` or `rediss://` (TLS), with `[user:password@]`.
-/// `tls` replaces the system roots with a CA bundle and adds a client certificate for mutual
-/// TLS; `password` (from `password_env`) overrides a password in the URL. Neither appears in
-/// an error.
-pub fn client(url: &str, tls: &RedisTls, password: Option<&str>) -> Result<redis::Client, StoreError> {
-    let mut info =
-        url.into_connection_info().map_err(|e| StoreError::Unavailable(format!("bad Redis URL ({:?})", e.kind())))?;
-    if let Some(password) = password {
-        let settings = info.redis_settings().clone().set_password(password);
-        info = info.set_redis_settings(settings);
-    }
-    if tls.ca_file.is_none() && tls.client.is_none() {
-        return redis::Client::open(info).map_err(unavailable);
-    }
-    let read = |path: &std::path::Path| {
-        std::fs::read(path).map_err(|e| StoreError::Unavailable(format!("cannot read {}: {e}", path.display())))
-    };
-    let client_tls = match &tls.client {
-        Some((cert, key)) => Some(redis::ClientTlsConfig { client_cert: read(cert)?, client_key: read(key)? }),
-        None => None,
-    };
-    let root_cert = tls.ca_file.as_deref().map(read).transpose()?;
-    redis::Client::build_with_tls(info, redis::TlsCertificates { client_tls, root_cert }).map_err(unavailable)
-}
-
-fn unavailable(e: RedisError) -> StoreError {
-    StoreError::Unavailable(e.to_string())
 }
 
 fn ms(d: Duration) -> u64 {
@@ -431,136 +387,18 @@ impl Reply {
     }
 }
 
-/// Keeps one subscription to the settle channel alive and wakes local waiters.
-async fn subscribe(client: redis::Client, channel: String, waiters: Arc<Waiters>, subscribed: Arc<AtomicBool>) {
-    let mut backoff = Duration::from_millis(100);
-    loop {
-        match client.get_async_pubsub().await {
-            Ok(mut pubsub) => match pubsub.subscribe(&channel).await {
-                Ok(()) => {
-                    subscribed.store(true, Ordering::Release);
-                    backoff = Duration::from_millis(100);
-                    let mut messages = pubsub.on_message();
-                    while let Some(msg) = messages.next().await {
-                        if let Ok(key) = std::str::from_utf8(msg.get_payload_bytes()) {
-                            waiters.notify(key);
-                        }
-                    }
-                    subscribed.store(false, Ordering::Release);
-                    tracing::warn!(channel, "store notification subscription lost; waiters poll until it is back");
-                }
-                Err(e) => tracing::warn!(error = %e, "cannot subscribe to store notifications"),
-            },
-            Err(e) => tracing::debug!(error = %e, "store unreachable for notifications"),
-        }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(5));
-    }
-}
-
-/// How often the epoch marker is checked.
-const EPOCH_CHECK: Duration = Duration::from_secs(1);
-
-/// What the gateway knows of the Redis it talks to, checked every [`EPOCH_CHECK`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Observed {
-    /// The epoch marker's value (`PREFIX:epoch`).
-    epoch: String,
-    /// `run_id`: new on every start of the server process.
-    run_id: String,
-    /// `master_replid`: new when a replica is promoted (a failover).
-    replid: String,
-}
-
-/// Detects that Redis lost, or may have lost, its data:
-///
-/// - the epoch marker this gateway saw is gone or replaced: the records went with it
-///   (restart without persistence, flush, failover to an empty replica, eviction);
-/// - the marker is there but the server is another one (`run_id` or `master_replid` changed):
-///   a restart from a snapshot or a failover to a replica that lagged may have lost the last
-///   writes before it, so a retry of a request answered just before may run again.
-async fn watch_epoch(conn: ConnectionManager, marker: String, data_loss: Counter) {
-    let mut known: Option<Observed> = None;
-    loop {
-        // A fresh candidate each time: a marker re-created by this same gateway after a loss
-        // must differ from the one it knew.
-        let candidate = hex::encode(rand::random::<[u8; 16]>());
-        // Bounded here: connections carry no deadline of their own (calls set theirs).
-        let observed = tokio::time::timeout(EPOCH_CHECK, observe(conn.clone(), &marker, &candidate)).await;
-        match observed.unwrap_or(Err(StoreError::Timeout(EPOCH_CHECK))) {
-            Ok(current) => {
-                if let Some(previous) = known.as_ref() {
-                    report_change(previous, &current, &data_loss);
-                }
-                known = Some(current);
-            }
-            Err(e) => tracing::debug!(error = %e, "epoch check skipped: store unreachable"),
-        }
-        tokio::time::sleep(EPOCH_CHECK).await;
-    }
-}
-
-fn report_change(previous: &Observed, current: &Observed, data_loss: &Counter) {
-    if previous.epoch != current.epoch {
-        data_loss.inc();
-        tracing::error!(
-            previous = %previous.epoch,
-            current = %current.epoch,
-            "Redis lost its data (restart without persistence, failover, flush or eviction): \
-             retries of requests that already ran will reach the upstream again, whose own \
-             UNIQUE constraint must answer them"
-        );
-    } else if previous.run_id != current.run_id || previous.replid != current.replid {
-        data_loss.inc();
-        tracing::error!(
-            restarted = previous.run_id != current.run_id,
-            failed_over = previous.replid != current.replid,
-            "Redis restarted or failed over: records written just before may be lost, so a \
-             retry of a request answered then may reach the upstream again, whose own UNIQUE \
-             constraint must answer it"
-        );
-    }
-}
-
-/// The current epoch (the existing marker, or `candidate` if there was none, set without
-/// expiry) and the server's identity, in one round trip.
-async fn observe(mut conn: ConnectionManager, marker: &str, candidate: &str) -> Result<Observed, StoreError> {
-    let (epoch, server, replication): (String, String, String) = redis::pipe()
-        .cmd("SET")
-        .arg(marker)
-        .arg(candidate)
-        .arg("NX")
-        .ignore()
-        .cmd("GET")
-        .arg(marker)
-        .cmd("INFO")
-        .arg("server")
-        .cmd("INFO")
-        .arg("replication")
-        .query_async(&mut conn)
-        .await
-        .map_err(unavailable)?;
-    Ok(Observed { epoch, run_id: info_field(&server, "run_id"), replid: info_field(&replication, "master_replid") })
-}
-
-/// One `name:value` line of an INFO reply ("" when absent).
-fn info_field(info: &str, name: &str) -> String {
-    info.lines()
-        .find_map(|line| line.strip_prefix(name).and_then(|rest| rest.strip_prefix(':')))
-        .unwrap_or("")
-        .trim()
-        .to_owned()
-}
-
 /// How long one script load may take at startup before it is tried again.
 const SCRIPT_LOAD_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Loads every script once Redis answers, so that the first calls after a start do not begin
 /// with a NOSCRIPT round trip. (After a Redis restart, NOSCRIPT handling in `query` reloads.)
-async fn load_scripts(connections: Connections, scripts: Arc<Scripts>) {
+async fn load_scripts(links: Links, scripts: Arc<Scripts>) {
     let mut backoff = Duration::from_millis(50);
     loop {
-        let mut conn = connections.pick();
+        let Ok(mut conn) = links.pick() else {
+            tokio::time::sleep(backoff).await;
+            continue;
+        };
         let mut loaded = true;
         for script in scripts.all() {
             let load = tokio::time::timeout(SCRIPT_LOAD_TIMEOUT, script.load_async(&mut conn)).await;

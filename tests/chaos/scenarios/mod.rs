@@ -9,6 +9,7 @@ mod redis_loss;
 mod shutdown_deadline;
 mod sigterm;
 mod storm;
+mod topologies;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -27,4 +28,6 @@ pub const ALL: &[(&str, Scenario)] = &[
     ("7 SIGTERM under load", || Box::pin(sigterm::run())),
     ("8 upstream 5xx, then success", || Box::pin(flaky_upstream::run())),
     ("9 shutdown deadline with a request still running", || Box::pin(shutdown_deadline::run())),
+    ("10 storm on a 3-primary Redis Cluster", || Box::pin(topologies::cluster())),
+    ("11 storm, SENTINEL FAILOVER, retries, storm", || Box::pin(topologies::sentinel_failover())),
 ];

@@ -1,0 +1,218 @@
+//! Data-loss detection.
+//!
+//! Redis can lose records: a restart without persistence, a failover to a replica that had not
+//! caught up, a FLUSHALL, eviction under memory pressure. The gateway cannot prevent a retry
+//! from running again then (the upstream's UNIQUE constraint must catch it), but it says so:
+//! each gateway keeps an epoch marker and checks it every second, together with the server's
+//! `run_id` and `master_replid`; when the marker vanishes or changes, or the server behind it
+//! is another one (restart, failover), the loss is logged and counted
+//! (`store_data_loss_total`).
+//!
+//! One primary (or the one Sentinel names) has one marker, `PREFIX:epoch`. A Cluster has one
+//! per shard, `PREFIX:epoch:{TAG}`, where TAG hashes to the first slot the shard serves, so
+//! that each marker lives on, and each check reads, that shard's primary. A resharding that
+//! moves a shard's first slot to another shard is reported once as a possible loss.
+
+use std::collections::HashMap;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use prometheus_client::metrics::counter::Counter;
+use redis::Value;
+
+use super::links::{Links, unavailable};
+use crate::store::StoreError;
+
+/// How often the epoch markers are checked.
+const EPOCH_CHECK: Duration = Duration::from_secs(1);
+/// Slots in a Redis Cluster.
+const SLOTS: usize = 16384;
+
+/// What the gateway knows of one primary, checked every [`EPOCH_CHECK`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Observed {
+    /// The epoch marker's value.
+    epoch: String,
+    /// `run_id`: new on every start of the server process.
+    run_id: String,
+    /// `master_replid`: new when a replica is promoted (a failover).
+    replid: String,
+}
+
+/// Detects that Redis lost, or may have lost, its data:
+///
+/// - the epoch marker this gateway saw is gone or replaced: the records went with it
+///   (restart without persistence, flush, failover to an empty replica, eviction);
+/// - the marker is there but the server is another one (`run_id` or `master_replid` changed):
+///   a restart from a snapshot or a failover to a replica that lagged may have lost the last
+///   writes before it, so a retry of a request answered just before may run again.
+pub(super) async fn watch(links: Links, marker: String, data_loss: Counter) {
+    // Per marker (one per shard): what the last check saw.
+    let mut known: HashMap<String, Observed> = HashMap::new();
+    loop {
+        let markers = if links.is_cluster() {
+            match tokio::time::timeout(EPOCH_CHECK, shard_markers(&links, &marker)).await {
+                Ok(Ok(markers)) => markers,
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, "epoch check skipped: cluster layout unknown");
+                    Vec::new()
+                }
+                Err(_) => Vec::new(),
+            }
+        } else {
+            vec![marker.clone()]
+        };
+        let checks = markers.into_iter().map(|marker| async {
+            // A fresh candidate each time: a marker re-created by this same gateway after a
+            // loss must differ from the one it knew.
+            let candidate = hex::encode(rand::random::<[u8; 16]>());
+            // Bounded here: links carry no deadline of their own (calls set theirs).
+            let observed = tokio::time::timeout(EPOCH_CHECK, observe(&links, &marker, &candidate)).await;
+            (marker, observed.unwrap_or(Err(StoreError::Timeout(EPOCH_CHECK))))
+        });
+        for (marker, observed) in futures_util::future::join_all(checks).await {
+            match observed {
+                Ok(current) => {
+                    if let Some(previous) = known.get(&marker) {
+                        report_change(&marker, previous, &current, &data_loss);
+                    }
+                    known.insert(marker, current);
+                }
+                Err(e) => tracing::debug!(marker, error = %e, "epoch check skipped: store unreachable"),
+            }
+        }
+        tokio::time::sleep(EPOCH_CHECK).await;
+    }
+}
+
+fn report_change(marker: &str, previous: &Observed, current: &Observed, data_loss: &Counter) {
+    if previous.epoch != current.epoch {
+        data_loss.inc();
+        tracing::error!(
+            marker,
+            previous = %previous.epoch,
+            current = %current.epoch,
+            "Redis lost its data (restart without persistence, failover, flush or eviction): \
+             retries of requests that already ran will reach the upstream again, whose own \
+             UNIQUE constraint must answer them"
+        );
+    } else if previous.run_id != current.run_id || previous.replid != current.replid {
+        data_loss.inc();
+        tracing::error!(
+            marker,
+            restarted = previous.run_id != current.run_id,
+            failed_over = previous.replid != current.replid,
+            "Redis restarted or failed over: records written just before may be lost, so a \
+             retry of a request answered then may reach the upstream again, whose own UNIQUE \
+             constraint must answer it"
+        );
+    }
+}
+
+/// The current epoch (the existing marker, or `candidate` if there was none, set without
+/// expiry) and the server's identity, in one round trip to the primary holding `marker`.
+async fn observe(links: &Links, marker: &str, candidate: &str) -> Result<Observed, StoreError> {
+    let mut link = links.pick()?;
+    // In a Cluster the pipeline goes to the primary of the marker's slot, the first key in it.
+    let (epoch, server, replication): (String, String, String) = redis::pipe()
+        .cmd("SET")
+        .arg(marker)
+        .arg(candidate)
+        .arg("NX")
+        .ignore()
+        .cmd("GET")
+        .arg(marker)
+        .cmd("INFO")
+        .arg("server")
+        .cmd("INFO")
+        .arg("replication")
+        .query_async(&mut link)
+        .await
+        .map_err(unavailable)?;
+    Ok(Observed { epoch, run_id: info_field(&server, "run_id"), replid: info_field(&replication, "master_replid") })
+}
+
+/// One marker per shard: the shard's first slot, read from `CLUSTER SLOTS`.
+async fn shard_markers(links: &Links, marker: &str) -> Result<Vec<String>, StoreError> {
+    let mut link = links.pick()?;
+    let slots: Value = redis::cmd("CLUSTER").arg("SLOTS").query_async(&mut link).await.map_err(unavailable)?;
+    let Value::Array(ranges) = slots else {
+        return Err(StoreError::Protocol("CLUSTER SLOTS did not answer an array".into()));
+    };
+    // Primary node id → the lowest slot it serves.
+    let mut first: HashMap<Vec<u8>, i64> = HashMap::new();
+    for range in ranges {
+        let Value::Array(fields) = range else { continue };
+        let (Some(Value::Int(start)), Some(Value::Array(primary))) = (fields.first(), fields.get(2)) else {
+            continue;
+        };
+        let id = match primary.get(2) {
+            Some(Value::BulkString(id)) => id.clone(),
+            _ => format!("{primary:?}").into_bytes(),
+        };
+        let lowest = first.entry(id).or_insert(*start);
+        *lowest = (*lowest).min(*start);
+    }
+    let mut markers: Vec<String> = first
+        .into_values()
+        .filter_map(|slot| usize::try_from(slot).ok().filter(|s| *s < SLOTS))
+        .map(|slot| format!("{marker}:{{{}}}", tag_for_slot(slot)))
+        .collect();
+    markers.sort();
+    Ok(markers)
+}
+
+/// The smallest decimal hash tag whose key slot is `slot`.
+fn tag_for_slot(slot: usize) -> u32 {
+    static TAGS: OnceLock<Vec<u32>> = OnceLock::new();
+    TAGS.get_or_init(|| {
+        // Every slot is reached within a few hundred thousand numbers; the table is built
+        // once, in well under a millisecond per thousand slots.
+        let mut tags = vec![u32::MAX; SLOTS];
+        let mut missing = SLOTS;
+        let mut n = 0u32;
+        while missing > 0 {
+            let slot = key_slot(n.to_string().as_bytes());
+            if tags[slot] == u32::MAX {
+                tags[slot] = n;
+                missing -= 1;
+            }
+            n += 1;
+        }
+        tags
+    })[slot]
+}
+
+/// The Cluster slot of a key without a hash tag (CRC16/XMODEM mod 16384).
+fn key_slot(key: &[u8]) -> usize {
+    usize::from(crc16::State::<crc16::XMODEM>::calculate(key)) % SLOTS
+}
+
+/// One `name:value` line of an INFO reply ("" when absent).
+fn info_field(info: &str, name: &str) -> String {
+    info.lines()
+        .find_map(|line| line.strip_prefix(name).and_then(|rest| rest.strip_prefix(':')))
+        .unwrap_or("")
+        .trim()
+        .to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_slots_match_redis() {
+        // Values from `CLUSTER KEYSLOT` on Redis 7.
+        assert_eq!(key_slot(b"foo"), 12182);
+        assert_eq!(key_slot(b"bar"), 5061);
+        assert_eq!(key_slot(b"123456789"), 12739);
+    }
+
+    #[test]
+    fn every_slot_has_a_tag_that_hashes_to_it() {
+        for slot in [0, 1, 5460, 5461, 10922, 10923, 16383] {
+            assert_eq!(key_slot(tag_for_slot(slot).to_string().as_bytes()), slot);
+        }
+    }
+}

@@ -1,0 +1,465 @@
+//! The store's connections, and where they lead.
+//!
+//! A fixed number (`store.connections`) of multiplexed, self-reconnecting connections, used in
+//! turn; each pipelines every concurrent call instead of holding a connection per call.
+//!
+//! - One primary: each link is a `ConnectionManager` to it.
+//! - Sentinel: the same, to the primary the Sentinels name. A follower task listens to every
+//!   Sentinel's `+switch-master` announcement and moves the links to the promoted primary at
+//!   once. It must not wait for the old primary to refuse writes: Sentinel demotes it only
+//!   when it next looks at it (seconds later, or never while it is cut off), and writes it
+//!   takes meanwhile are lost with the demotion. As a fallback for a missed announcement the
+//!   follower also checks once a second (and at once when a call meets a read-only or broken
+//!   node) that its node still calls itself primary, asks the Sentinels again when it does not,
+//!   and asks them every [`RESOLVE_ANYWAY`] regardless. Calls made while no primary is known
+//!   fail with a store error, and the route's `on_store_error` applies to them; calls in flight
+//!   finish on the links they took.
+//! - Cluster: each link is a cluster connection that routes every call by its key's slot and
+//!   follows MOVED/ASK redirections and topology changes by itself. Every script touches one
+//!   key, so each runs on the primary of that key's slot.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster::ClusterClientBuilder;
+use redis::cluster_async::ClusterConnection;
+use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
+use redis::{Cmd, IntoConnectionInfo, Pipeline, RedisFuture, TlsCertificates, TlsMode, Value};
+use tokio::sync::{Notify, mpsc, watch};
+use tokio::task::JoinHandle;
+
+use super::target::{Address, Auth, Target};
+use crate::config::RedisTls;
+use crate::store::StoreError;
+
+/// How often the Sentinel follower checks that its primary is still one.
+const FOLLOW_CHECK: Duration = Duration::from_secs(1);
+/// How often the follower asks the Sentinels even while the primary answers as one.
+const RESOLVE_ANYWAY: Duration = Duration::from_secs(10);
+
+/// One multiplexed connection.
+#[derive(Clone)]
+pub(super) enum Link {
+    Node(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Link {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Link::Node(c) => c.req_packed_command(cmd),
+            Link::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Link::Node(c) => c.req_packed_commands(pipeline, offset, count),
+            Link::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Link::Node(c) => c.get_db(),
+            Link::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// Where the links lead now.
+struct Current {
+    links: Box<[Link]>,
+    /// Servers to subscribe to for settle notifications, tried in turn.
+    notify: Vec<redis::Client>,
+}
+
+/// The store's links; cheap to clone.
+#[derive(Clone)]
+pub(super) struct Links {
+    current: Arc<ArcSwap<Current>>,
+    next: Arc<AtomicUsize>,
+    cluster: bool,
+    /// Bumped when the links lead somewhere new (a Sentinel failover).
+    changed: Arc<watch::Sender<u64>>,
+    /// Wakes the Sentinel follower early: a call met a node that is no longer primary.
+    trouble: Arc<Notify>,
+}
+
+/// Opened links, and for Sentinel the task that keeps them on the primary.
+pub(super) struct Opened {
+    pub links: Links,
+    pub follower: Option<Follower>,
+}
+
+impl Links {
+    /// Links to `target`, made lazily: this succeeds while Redis is down. `password` (from
+    /// `password_env`) replaces the URL's.
+    pub fn open(
+        target: Target,
+        tls: &RedisTls,
+        password: Option<&str>,
+        count: usize,
+        timeout: Duration,
+    ) -> Result<Opened, StoreError> {
+        let count = count.max(1);
+        let certs = if target.tls() { certificates(tls)? } else { None };
+        let (current, cluster, follower) = match target {
+            Target::Single(mut info) => {
+                if let Some(password) = password {
+                    let settings = info.redis_settings().clone().set_password(password);
+                    info = info.set_redis_settings(settings);
+                }
+                let client = match certs {
+                    Some(certs) => redis::Client::build_with_tls(info, certs),
+                    None => redis::Client::open(info),
+                }
+                .map_err(unavailable)?;
+                (node_links(client, count, timeout)?, false, None)
+            }
+            Target::Sentinel { sentinels, master, tls, auth } => {
+                let auth = with_password(auth, password);
+                let scheme = if tls { "rediss" } else { "redis" };
+                let announcers = sentinels
+                    .iter()
+                    .map(|a| node_client(&format!("{scheme}://{a}"), &Auth::default(), certs.clone()))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let sentinel = sentinel_client(&sentinels, &master, tls, auth.clone(), certs.clone())?;
+                let access = NodeAccess { scheme, auth, certs };
+                let follower = Follower { sentinel, announcers, access, master, count, timeout, following: None };
+                (Current { links: Box::new([]), notify: Vec::new() }, false, Some(follower))
+            }
+            Target::Cluster { seeds, tls, auth } => {
+                (cluster_links(&seeds, tls, &with_password(auth, password), certs, count, timeout)?, true, None)
+            }
+        };
+        let links = Links {
+            current: Arc::new(ArcSwap::from_pointee(current)),
+            next: Arc::new(AtomicUsize::new(0)),
+            cluster,
+            changed: Arc::new(watch::channel(0).0),
+            trouble: Arc::new(Notify::new()),
+        };
+        Ok(Opened { links, follower })
+    }
+
+    /// The next link in turn; an error while Sentinel has not named a primary yet.
+    pub fn pick(&self) -> Result<Link, StoreError> {
+        let current = self.current.load();
+        if current.links.is_empty() {
+            return Err(StoreError::Unavailable("the Sentinels have not named a primary yet".into()));
+        }
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % current.links.len();
+        Ok(current.links[i].clone())
+    }
+
+    /// Whether the links lead to a Redis Cluster.
+    pub fn is_cluster(&self) -> bool {
+        self.cluster
+    }
+
+    /// The servers to subscribe to for notifications, in the order to try them.
+    pub fn notify_clients(&self) -> Vec<redis::Client> {
+        self.current.load().notify.clone()
+    }
+
+    /// Changes whenever the links lead somewhere new.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
+    /// Reports that a call met a node that is read-only or gone, so that a Sentinel follower
+    /// checks at once instead of at its next tick.
+    pub fn report_trouble(&self) {
+        self.trouble.notify_one();
+    }
+
+    fn replace(&self, current: Current) {
+        self.current.store(Arc::new(current));
+        self.changed.send_modify(|generation| *generation += 1);
+    }
+}
+
+fn node_links(client: redis::Client, count: usize, timeout: Duration) -> Result<Current, StoreError> {
+    // A broken connection is re-established on the next call; retries inside one call are
+    // few and short so that an unreachable Redis surfaces as an error within the timeout
+    // (and the route's on_store_error applies) instead of a long hang. The deadline of a
+    // call is set once, by the store's `query`; the connection timeout here bounds a
+    // reconnection, which also runs outside any call.
+    let config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(timeout))
+        .set_response_timeout(None)
+        .set_number_of_retries(1)
+        .set_min_delay(Duration::from_millis(20))
+        .set_max_delay(timeout);
+    let links = (0..count)
+        .map(|_| ConnectionManager::new_lazy_with_config(client.clone(), config.clone()).map(Link::Node))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(unavailable)?;
+    Ok(Current { links: links.into(), notify: vec![client] })
+}
+
+fn cluster_links(
+    seeds: &[Address],
+    tls: bool,
+    auth: &Auth,
+    certs: Option<TlsCertificates>,
+    count: usize,
+    timeout: Duration,
+) -> Result<Current, StoreError> {
+    let scheme = if tls { "rediss" } else { "redis" };
+    let urls: Vec<String> = seeds.iter().map(|a| format!("{scheme}://{a}")).collect();
+    let mut builder = ClusterClientBuilder::new(urls.iter().map(String::as_str)).connection_timeout(timeout);
+    if let Some(user) = &auth.username {
+        builder = builder.username(user);
+    }
+    if let Some(password) = &auth.password {
+        builder = builder.password(password);
+    }
+    if let Some(certs) = certs.clone() {
+        builder = builder.certs(certs);
+    }
+    let client = builder.build().map_err(unavailable)?;
+    // Pending connections: the cluster's nodes are found in the background, and the first
+    // calls fail with a store error until they are.
+    let config = redis::cluster::ClusterConfig::new().set_connection_timeout(timeout);
+    let links = (0..count).map(|_| Link::Cluster(client.get_pending_async_connection_with_config(config.clone())));
+    // A PUBLISH on any cluster node reaches the subscribers of every node (over the cluster
+    // bus), so one subscription to any seed hears the whole cluster.
+    let notify = urls.iter().map(|url| node_client(url, auth, certs.clone())).collect::<Result<Vec<_>, _>>()?;
+    Ok(Current { links: links.collect(), notify })
+}
+
+fn node_client(url: &str, auth: &Auth, certs: Option<TlsCertificates>) -> Result<redis::Client, StoreError> {
+    let mut info = url.into_connection_info().map_err(unavailable)?;
+    let mut settings = info.redis_settings().clone();
+    if let Some(user) = &auth.username {
+        settings = settings.set_username(user);
+    }
+    if let Some(password) = &auth.password {
+        settings = settings.set_password(password);
+    }
+    info = info.set_redis_settings(settings);
+    match certs {
+        Some(certs) => redis::Client::build_with_tls(info, certs),
+        None => redis::Client::open(info),
+    }
+    .map_err(unavailable)
+}
+
+fn sentinel_client(
+    sentinels: &[Address],
+    master: &str,
+    tls: bool,
+    auth: Auth,
+    certs: Option<TlsCertificates>,
+) -> Result<SentinelClient, StoreError> {
+    let scheme = if tls { "rediss" } else { "redis" };
+    let addrs = sentinels
+        .iter()
+        .map(|a| format!("{scheme}://{a}").into_connection_info().map(|info| info.addr().clone()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(unavailable)?;
+    let mut builder = SentinelClientBuilder::new(addrs, master, SentinelServerType::Master).map_err(unavailable)?;
+    if tls {
+        builder =
+            builder.set_client_to_redis_tls_mode(TlsMode::Secure).set_client_to_sentinel_tls_mode(TlsMode::Secure);
+        if let Some(certs) = certs {
+            builder =
+                builder.set_client_to_redis_certificates(certs.clone()).set_client_to_sentinel_certificates(certs);
+        }
+    }
+    if let Some(user) = auth.username {
+        builder = builder.set_client_to_redis_username(user);
+    }
+    if let Some(password) = auth.password {
+        builder = builder.set_client_to_redis_password(password);
+    }
+    builder.build().map_err(unavailable)
+}
+
+fn with_password(auth: Auth, password: Option<&str>) -> Auth {
+    match password {
+        Some(p) => Auth { password: Some(p.to_owned()), ..auth },
+        None => auth,
+    }
+}
+
+/// The `[store]` TLS files as the redis crate takes them; `None` for the system roots.
+fn certificates(tls: &RedisTls) -> Result<Option<TlsCertificates>, StoreError> {
+    if tls.ca_file.is_none() && tls.client.is_none() {
+        return Ok(None);
+    }
+    let read = |path: &std::path::Path| {
+        std::fs::read(path).map_err(|e| StoreError::Unavailable(format!("cannot read {}: {e}", path.display())))
+    };
+    let client_tls = match &tls.client {
+        Some((cert, key)) => Some(redis::ClientTlsConfig { client_cert: read(cert)?, client_key: read(key)? }),
+        None => None,
+    };
+    let root_cert = tls.ca_file.as_deref().map(read).transpose()?;
+    Ok(Some(TlsCertificates { client_tls, root_cert }))
+}
+
+pub(super) fn unavailable(e: redis::RedisError) -> StoreError {
+    StoreError::Unavailable(e.to_string())
+}
+
+/// How to reach a Redis node by address: scheme, credentials, TLS files.
+struct NodeAccess {
+    scheme: &'static str,
+    auth: Auth,
+    certs: Option<TlsCertificates>,
+}
+
+/// Keeps Sentinel links on the primary (see the module docs).
+pub(super) struct Follower {
+    sentinel: SentinelClient,
+    /// One client per Sentinel, to hear its `+switch-master` announcements.
+    announcers: Vec<redis::Client>,
+    access: NodeAccess,
+    master: String,
+    count: usize,
+    timeout: Duration,
+    /// The primary the links lead to now (`host:port`).
+    following: Option<String>,
+}
+
+/// Aborts the announcement listeners when the follower stops.
+struct Listeners(Vec<JoinHandle<()>>);
+
+impl Drop for Listeners {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
+}
+
+impl Follower {
+    pub async fn run(mut self, links: Links) {
+        let (announced, mut announcements) = mpsc::channel(16);
+        let _listeners = Listeners(
+            self.announcers
+                .iter()
+                .map(|sentinel| tokio::spawn(listen(sentinel.clone(), self.master.clone(), announced.clone())))
+                .collect(),
+        );
+        let mut asked: Option<Instant> = None;
+        loop {
+            let due = asked.is_none_or(|at| at.elapsed() >= RESOLVE_ANYWAY);
+            if due || !self.primary_answers(&links).await {
+                asked = Some(Instant::now());
+                self.ask(&links).await;
+            }
+            tokio::select! {
+                () = tokio::time::sleep(FOLLOW_CHECK) => {}
+                () = links.trouble.notified() => {}
+                Some(primary) = announcements.recv() => self.move_to(&links, primary).await,
+            }
+        }
+    }
+
+    /// Moves the links to `primary`, announced by a Sentinel, once it answers as primary.
+    async fn move_to(&mut self, links: &Links, primary: Address) {
+        let name = primary.to_string();
+        if self.following.as_deref() == Some(name.as_str()) {
+            return; // Every Sentinel announces the same switch.
+        }
+        let url = format!("{}://{primary}", self.access.scheme);
+        let client = match node_client(&url, &self.access.auth, self.access.certs.clone()) {
+            Ok(client) => client,
+            Err(e) => return tracing::warn!(master = %self.master, error = %e, "cannot reach the announced primary"),
+        };
+        let checked = tokio::time::timeout(self.timeout, async {
+            let mut conn = client.get_multiplexed_async_connection().await?;
+            redis::cmd("ROLE").query_async::<Value>(&mut conn).await
+        });
+        match checked.await {
+            Ok(Ok(role)) if is_primary(&role) => self.lead(links, client, name),
+            // Not (yet) a primary, or unreachable: the Sentinels are asked at the next tick.
+            _ => tracing::warn!(master = %self.master, primary = %name, "the announced primary does not answer as one"),
+        }
+    }
+
+    /// Whether the node the links lead to answers `ROLE` as a primary.
+    async fn primary_answers(&self, links: &Links) -> bool {
+        let Ok(mut link) = links.pick() else { return false };
+        let role = tokio::time::timeout(self.timeout, redis::cmd("ROLE").query_async::<Value>(&mut link)).await;
+        matches!(role, Ok(Ok(role)) if is_primary(&role))
+    }
+
+    /// Asks the Sentinels for the primary and leads the links there if it moved.
+    async fn ask(&mut self, links: &Links) {
+        // The crate tries each Sentinel in turn and checks the primary it names answers as
+        // one; bounded here, since an unreachable Sentinel may not refuse at once.
+        let asked = tokio::time::timeout(self.timeout * 4, self.sentinel.async_get_client()).await;
+        let client = match asked {
+            Ok(Ok(client)) => client,
+            Ok(Err(e)) => return tracing::warn!(master = %self.master, error = %e, "the Sentinels named no primary"),
+            Err(_) => return tracing::warn!(master = %self.master, "the Sentinels did not answer in time"),
+        };
+        let name = client.get_connection_info().addr().to_string();
+        if self.following.as_deref() != Some(name.as_str()) {
+            self.lead(links, client, name);
+        }
+    }
+
+    /// Leads the links to `client`, the primary at `name`.
+    fn lead(&mut self, links: &Links, client: redis::Client, name: String) {
+        match node_links(client, self.count, self.timeout) {
+            Ok(current) => {
+                if self.following.is_some() {
+                    tracing::warn!(master = %self.master, primary = %name, "following a Sentinel failover");
+                } else {
+                    tracing::info!(master = %self.master, primary = %name, "the Sentinels named the primary");
+                }
+                links.replace(current);
+                self.following = Some(name);
+            }
+            Err(e) => tracing::warn!(master = %self.master, error = %e, "cannot connect to the named primary"),
+        }
+    }
+}
+
+/// Whether a `ROLE` reply is a primary's.
+fn is_primary(role: &Value) -> bool {
+    matches!(role, Value::Array(items) if matches!(items.first(), Some(Value::BulkString(r)) if r == b"master"))
+}
+
+/// Listens to one Sentinel's `+switch-master` announcements (`NAME OLD_IP OLD_PORT NEW_IP
+/// NEW_PORT`) and passes on the new primary of `master`.
+async fn listen(sentinel: redis::Client, master: String, announced: mpsc::Sender<Address>) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let opened = tokio::time::timeout(Duration::from_secs(5), async {
+            let mut pubsub = sentinel.get_async_pubsub().await?;
+            pubsub.subscribe("+switch-master").await.map(|()| pubsub)
+        });
+        if let Ok(Ok(pubsub)) = opened.await {
+            backoff = Duration::from_millis(100);
+            let mut messages = pubsub.into_on_message();
+            while let Some(message) = futures_util::StreamExt::next(&mut messages).await {
+                let Ok(text) = std::str::from_utf8(message.get_payload_bytes()) else { continue };
+                let fields: Vec<&str> = text.split(' ').collect();
+                if let [name, _, _, host, port] = fields[..]
+                    && name == master
+                    && let Ok(port) = port.parse()
+                {
+                    let _ = announced.send(Address { host: host.to_owned(), port }).await;
+                }
+            }
+        }
+        // Unreachable or gone: the follower's own checks cover the gap.
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
