@@ -341,12 +341,8 @@ macro_rules! contract {
             $(
                 #[tokio::test]
                 async fn $scenario() {
-                    let url = super::RedisServer::shared().url();
-                    let prefix = super::support::unique("contract");
-                    let store = super::RedisStore::new(&url, 8, std::time::Duration::from_secs(2), &prefix).unwrap();
-                    // Let the notification subscriber connect, as it would long before traffic.
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                    super::$scenario(idemgate::store::Backend::new(idemgate::store::Engine::Redis(store)), prefix).await;
+                    let (store, prefix) = super::redis_at(super::RedisServer::shared().url()).await;
+                    super::$scenario(store, prefix).await;
                 }
             )*
         }
@@ -354,9 +350,7 @@ macro_rules! contract {
             $(
                 #[tokio::test]
                 async fn $scenario() {
-                    let url = super::sentinels().url();
-                    let prefix = super::support::unique("contract");
-                    let store = super::ready(super::RedisStore::new(&url, 8, std::time::Duration::from_secs(2), &prefix).unwrap()).await;
+                    let (store, prefix) = super::redis_at(super::sentinels().url()).await;
                     super::$scenario(store, prefix).await;
                 }
             )*
@@ -365,9 +359,7 @@ macro_rules! contract {
             $(
                 #[tokio::test]
                 async fn $scenario() {
-                    let url = super::cluster().url();
-                    let prefix = super::support::unique("contract");
-                    let store = super::ready(super::RedisStore::new(&url, 8, std::time::Duration::from_secs(2), &prefix).unwrap()).await;
+                    let (store, prefix) = super::redis_at(super::cluster().url()).await;
                     super::$scenario(store, prefix).await;
                 }
             )*
@@ -409,6 +401,12 @@ fn sentinels() -> &'static SentinelSet {
 fn cluster() -> &'static RedisCluster {
     static CLUSTER: std::sync::OnceLock<RedisCluster> = std::sync::OnceLock::new();
     CLUSTER.get_or_init(|| RedisCluster::start(3, 0))
+}
+
+/// A Redis store at `url` under a fresh key prefix, once it answers.
+async fn redis_at(url: String) -> (Backend, String) {
+    let prefix = support::unique("contract");
+    (ready(RedisStore::new(&url, 8, Duration::from_secs(2), &prefix).unwrap()).await, prefix)
 }
 
 /// `store` once it answers and its notification subscriber had time to connect, as it would
