@@ -527,3 +527,22 @@ async fn redis_reloads_scripts_after_script_flush() {
     let _: () = ::redis::cmd("SCRIPT").arg("FLUSH").query(&mut conn).unwrap();
     let _ = acquire(&store, &record(&prefix, "b"), fp(1), LEASE).await;
 }
+
+/// Cluster-only: a node without the scripts (flushed, or new) runs them on the first call, by
+/// the script's text; no other node is involved, so this works while another node is down.
+#[tokio::test]
+async fn cluster_nodes_without_the_scripts_run_them_by_text() {
+    let cluster = cluster();
+    let prefix = support::unique("noscript");
+    let (store, _) = redis_at(cluster.url()).await;
+    for port in cluster.primary_ports() {
+        let _: () = ::redis::cmd("SCRIPT").arg("FLUSH").query(&mut cluster.connection(port)).unwrap();
+    }
+    let mut shards = std::collections::HashSet::new();
+    for n in 0..200 {
+        let k = record(&prefix, &format!("\"k{n}\""));
+        shards.insert(cluster.node_for_key(k.as_str()));
+        let _ = acquire(&store, &k, fp(1), LEASE).await;
+    }
+    assert_eq!(shards.len(), 3, "keys on every shard");
+}

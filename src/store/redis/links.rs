@@ -9,11 +9,17 @@
 //!   once. It must not wait for the old primary to refuse writes: Sentinel demotes it only
 //!   when it next looks at it (seconds later, or never while it is cut off), and writes it
 //!   takes meanwhile are lost with the demotion. As a fallback for a missed announcement the
-//!   follower also checks once a second (and at once when a call meets a read-only or broken
-//!   node) that its node still calls itself primary, asks the Sentinels again when it does not,
-//!   and asks them every [`RESOLVE_ANYWAY`] regardless. Calls made while no primary is known
-//!   fail with a store error, and the route's `on_store_error` applies to them; calls in flight
-//!   finish on the links they took.
+//!   follower also checks once a second (and, at most every [`MIN_SPACING`], when a call meets
+//!   a read-only or broken node) that its node still calls itself primary, asks the Sentinels
+//!   again when it does not, and asks them every [`RESOLVE_ANYWAY`] regardless.
+//!
+//!   Asking means asking every Sentinel and believing the one with the highest config epoch:
+//!   right after a failover the Sentinels that did not run it still name the old primary for a
+//!   moment, and the old primary still answers as one, so "the first Sentinel that names a
+//!   working primary" (the redis crate's own lookup) can lead the links back to it. For the
+//!   same reason an announcement is applied only when it names the primary the links lead to
+//!   as the old one. Calls made while no primary is known fail with a store error, and the
+//!   route's `on_store_error` applies to them; calls in flight finish on the links they took.
 //! - Cluster: each link is a cluster connection that routes every call by its key's slot and
 //!   follows MOVED/ASK redirections and topology changes by itself. Every script touches one
 //!   key, so each runs on the primary of that key's slot.
@@ -23,11 +29,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
+use redis::aio::MultiplexedConnection;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
-use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
-use redis::{Cmd, IntoConnectionInfo, Pipeline, RedisFuture, TlsCertificates, TlsMode, Value};
+use redis::{Cmd, IntoConnectionInfo, Pipeline, RedisFuture, TlsCertificates, Value};
 use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::JoinHandle;
 
@@ -39,6 +45,9 @@ use crate::store::StoreError;
 const FOLLOW_CHECK: Duration = Duration::from_secs(1);
 /// How often the follower asks the Sentinels even while the primary answers as one.
 const RESOLVE_ANYWAY: Duration = Duration::from_secs(10);
+/// The least time between two checks woken by failing calls (which, under load, fail by the
+/// thousand while a primary is down).
+const MIN_SPACING: Duration = Duration::from_millis(250);
 
 /// One multiplexed connection.
 #[derive(Clone)]
@@ -128,13 +137,13 @@ impl Links {
             Target::Sentinel { sentinels, master, tls, auth } => {
                 let auth = with_password(auth, password);
                 let scheme = if tls { "rediss" } else { "redis" };
-                let announcers = sentinels
+                let sentinels = sentinels
                     .iter()
                     .map(|a| node_client(&format!("{scheme}://{a}"), &Auth::default(), certs.clone()))
                     .collect::<Result<Vec<_>, _>>()?;
-                let sentinel = sentinel_client(&sentinels, &master, tls, auth.clone(), certs.clone())?;
                 let access = NodeAccess { scheme, auth, certs };
-                let follower = Follower { sentinel, announcers, access, master, count, timeout, following: None };
+                let asking = vec![None; sentinels.len()];
+                let follower = Follower { sentinels, asking, access, master, count, timeout, following: None };
                 (Current { links: Box::new([]), notify: Vec::new() }, false, Some(follower))
             }
             Target::Cluster { seeds, tls, auth } => {
@@ -255,37 +264,6 @@ fn node_client(url: &str, auth: &Auth, certs: Option<TlsCertificates>) -> Result
     .map_err(unavailable)
 }
 
-fn sentinel_client(
-    sentinels: &[Address],
-    master: &str,
-    tls: bool,
-    auth: Auth,
-    certs: Option<TlsCertificates>,
-) -> Result<SentinelClient, StoreError> {
-    let scheme = if tls { "rediss" } else { "redis" };
-    let addrs = sentinels
-        .iter()
-        .map(|a| format!("{scheme}://{a}").into_connection_info().map(|info| info.addr().clone()))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(unavailable)?;
-    let mut builder = SentinelClientBuilder::new(addrs, master, SentinelServerType::Master).map_err(unavailable)?;
-    if tls {
-        builder =
-            builder.set_client_to_redis_tls_mode(TlsMode::Secure).set_client_to_sentinel_tls_mode(TlsMode::Secure);
-        if let Some(certs) = certs {
-            builder =
-                builder.set_client_to_redis_certificates(certs.clone()).set_client_to_sentinel_certificates(certs);
-        }
-    }
-    if let Some(user) = auth.username {
-        builder = builder.set_client_to_redis_username(user);
-    }
-    if let Some(password) = auth.password {
-        builder = builder.set_client_to_redis_password(password);
-    }
-    builder.build().map_err(unavailable)
-}
-
 fn with_password(auth: Auth, password: Option<&str>) -> Auth {
     match password {
         Some(p) => Auth { password: Some(p.to_owned()), ..auth },
@@ -322,15 +300,22 @@ struct NodeAccess {
 
 /// Keeps Sentinel links on the primary (see the module docs).
 pub(super) struct Follower {
-    sentinel: SentinelClient,
-    /// One client per Sentinel, to hear its `+switch-master` announcements.
-    announcers: Vec<redis::Client>,
+    /// One client per Sentinel: asked for the primary, and heard for `+switch-master`.
+    sentinels: Vec<redis::Client>,
+    /// A connection to each Sentinel for asking, kept between asks.
+    asking: Vec<Option<MultiplexedConnection>>,
     access: NodeAccess,
     master: String,
     count: usize,
     timeout: Duration,
-    /// The primary the links lead to now (`host:port`).
-    following: Option<String>,
+    /// The primary the links lead to now.
+    following: Option<Address>,
+}
+
+/// A `+switch-master` announcement: the primary moved from `old` to `new`.
+struct Switch {
+    old: Address,
+    new: Address,
 }
 
 /// Aborts the announcement listeners when the follower stops.
@@ -348,45 +333,59 @@ impl Follower {
     pub async fn run(mut self, links: Links) {
         let (announced, mut announcements) = mpsc::channel(16);
         let _listeners = Listeners(
-            self.announcers
+            self.sentinels
                 .iter()
                 .map(|sentinel| tokio::spawn(listen(sentinel.clone(), self.master.clone(), announced.clone())))
                 .collect(),
         );
         let mut asked: Option<Instant> = None;
         loop {
+            let checked = Instant::now();
             let due = asked.is_none_or(|at| at.elapsed() >= RESOLVE_ANYWAY);
             if due || !self.primary_answers(&links).await {
-                asked = Some(Instant::now());
-                self.ask(&links).await;
+                // Until an ask succeeds, ask again at the next check.
+                asked = self.ask(&links).await.then(Instant::now);
             }
             tokio::select! {
                 () = tokio::time::sleep(FOLLOW_CHECK) => {}
-                () = links.trouble.notified() => {}
-                Some(primary) = announcements.recv() => self.move_to(&links, primary).await,
+                () = links.trouble.notified() => tokio::time::sleep_until((checked + MIN_SPACING).into()).await,
+                Some(switch) = announcements.recv() => {
+                    let from_ours = self.following.as_ref().is_none_or(|f| *f == switch.old);
+                    if !from_ours || !self.move_to(&links, switch.new).await {
+                        // Stale, or not (yet) usable: let the Sentinels decide.
+                        asked = None;
+                    }
+                }
             }
         }
     }
 
-    /// Moves the links to `primary`, announced by a Sentinel, once it answers as primary.
-    async fn move_to(&mut self, links: &Links, primary: Address) {
-        let name = primary.to_string();
-        if self.following.as_deref() == Some(name.as_str()) {
-            return; // Every Sentinel announces the same switch.
+    /// Moves the links to `primary` once it answers as primary; false if it does not.
+    async fn move_to(&mut self, links: &Links, primary: Address) -> bool {
+        if self.following.as_ref() == Some(&primary) {
+            return true; // Every Sentinel announces the same switch.
         }
         let url = format!("{}://{primary}", self.access.scheme);
         let client = match node_client(&url, &self.access.auth, self.access.certs.clone()) {
             Ok(client) => client,
-            Err(e) => return tracing::warn!(master = %self.master, error = %e, "cannot reach the announced primary"),
+            Err(e) => {
+                tracing::warn!(master = %self.master, error = %e, "cannot reach the named primary");
+                return false;
+            }
         };
         let checked = tokio::time::timeout(self.timeout, async {
             let mut conn = client.get_multiplexed_async_connection().await?;
             redis::cmd("ROLE").query_async::<Value>(&mut conn).await
         });
         match checked.await {
-            Ok(Ok(role)) if is_primary(&role) => self.lead(links, client, name),
-            // Not (yet) a primary, or unreachable: the Sentinels are asked at the next tick.
-            _ => tracing::warn!(master = %self.master, primary = %name, "the announced primary does not answer as one"),
+            Ok(Ok(role)) if is_primary(&role) => {
+                self.lead(links, client, primary);
+                true
+            }
+            _ => {
+                tracing::warn!(master = %self.master, primary = %primary, "the named primary does not answer as one");
+                false
+            }
         }
     }
 
@@ -397,37 +396,86 @@ impl Follower {
         matches!(role, Ok(Ok(role)) if is_primary(&role))
     }
 
-    /// Asks the Sentinels for the primary and leads the links there if it moved.
-    async fn ask(&mut self, links: &Links) {
-        // The crate tries each Sentinel in turn and checks the primary it names answers as
-        // one; bounded here, since an unreachable Sentinel may not refuse at once.
-        let asked = tokio::time::timeout(self.timeout * 4, self.sentinel.async_get_client()).await;
-        let client = match asked {
-            Ok(Ok(client)) => client,
-            Ok(Err(e)) => return tracing::warn!(master = %self.master, error = %e, "the Sentinels named no primary"),
-            Err(_) => return tracing::warn!(master = %self.master, "the Sentinels did not answer in time"),
+    /// Asks every Sentinel for the primary, believes the highest config epoch, and leads the
+    /// links there; false when no Sentinel answered or the primary does not answer as one.
+    async fn ask(&mut self, links: &Links) -> bool {
+        let master = self.master.clone();
+        let timeout = self.timeout;
+        let asks = self.sentinels.iter().zip(self.asking.iter_mut()).map(|(sentinel, conn)| {
+            let master = master.as_str();
+            async move {
+                let answer = tokio::time::timeout(timeout, async {
+                    let mut c = match conn.clone() {
+                        Some(c) => c,
+                        None => sentinel.get_multiplexed_async_connection().await?,
+                    };
+                    let fields =
+                        redis::cmd("SENTINEL").arg("MASTER").arg(master).query_async::<Vec<String>>(&mut c).await?;
+                    Ok::<_, redis::RedisError>((c, fields))
+                })
+                .await;
+                match answer {
+                    Ok(Ok((c, fields))) => {
+                        *conn = Some(c);
+                        named_primary(&fields)
+                    }
+                    _ => {
+                        // Broken or slow: connect afresh next time.
+                        *conn = None;
+                        None
+                    }
+                }
+            }
+        });
+        let answers = futures_util::future::join_all(asks).await;
+        let Some(primary) = believe(answers) else {
+            tracing::warn!(master = %self.master, "no Sentinel named a primary");
+            return false;
         };
-        let name = client.get_connection_info().addr().to_string();
-        if self.following.as_deref() != Some(name.as_str()) {
-            self.lead(links, client, name);
-        }
+        self.move_to(links, primary).await
     }
 
-    /// Leads the links to `client`, the primary at `name`.
-    fn lead(&mut self, links: &Links, client: redis::Client, name: String) {
+    /// Leads the links to `client`, the primary at `primary`.
+    fn lead(&mut self, links: &Links, client: redis::Client, primary: Address) {
         match node_links(client, self.count, self.timeout) {
             Ok(current) => {
                 if self.following.is_some() {
-                    tracing::warn!(master = %self.master, primary = %name, "following a Sentinel failover");
+                    tracing::warn!(master = %self.master, primary = %primary, "following a Sentinel failover");
                 } else {
-                    tracing::info!(master = %self.master, primary = %name, "the Sentinels named the primary");
+                    tracing::info!(master = %self.master, primary = %primary, "the Sentinels named the primary");
                 }
                 links.replace(current);
-                self.following = Some(name);
+                self.following = Some(primary);
             }
             Err(e) => tracing::warn!(master = %self.master, error = %e, "cannot connect to the named primary"),
         }
     }
+}
+
+/// The primary named with the highest config epoch (the latest failover's); the first such
+/// answer on a tie.
+fn believe(answers: Vec<Option<(u64, Address)>>) -> Option<Address> {
+    let mut best: Option<(u64, Address)> = None;
+    for (epoch, primary) in answers.into_iter().flatten() {
+        if best.as_ref().is_none_or(|(e, _)| epoch > *e) {
+            best = Some((epoch, primary));
+        }
+    }
+    best.map(|(_, primary)| primary)
+}
+
+/// The primary and its config epoch from a `SENTINEL MASTER` reply (name/value pairs), unless
+/// this Sentinel deems it down.
+fn named_primary(fields: &[String]) -> Option<(u64, Address)> {
+    let field = |name: &str| fields.chunks(2).find(|pair| pair[0] == name).and_then(|pair| pair.get(1));
+    let flags = field("flags")?;
+    if flags.split(',').any(|f| f == "s_down" || f == "o_down" || f == "disconnected") {
+        return None;
+    }
+    let epoch = field("config-epoch").and_then(|e| e.parse().ok()).unwrap_or(0);
+    let host = field("ip")?.clone();
+    let port = field("port")?.parse().ok()?;
+    Some((epoch, Address { host, port }))
 }
 
 /// Whether a `ROLE` reply is a primary's.
@@ -436,30 +484,89 @@ fn is_primary(role: &Value) -> bool {
 }
 
 /// Listens to one Sentinel's `+switch-master` announcements (`NAME OLD_IP OLD_PORT NEW_IP
-/// NEW_PORT`) and passes on the new primary of `master`.
-async fn listen(sentinel: redis::Client, master: String, announced: mpsc::Sender<Address>) {
+/// NEW_PORT`) and passes on those of `master`.
+async fn listen(sentinel: redis::Client, master: String, announced: mpsc::Sender<Switch>) {
     let mut backoff = Duration::from_millis(100);
+    let mut warned = false;
     loop {
         let opened = tokio::time::timeout(Duration::from_secs(5), async {
             let mut pubsub = sentinel.get_async_pubsub().await?;
             pubsub.subscribe("+switch-master").await.map(|()| pubsub)
         });
-        if let Ok(Ok(pubsub)) = opened.await {
-            backoff = Duration::from_millis(100);
-            let mut messages = pubsub.into_on_message();
-            while let Some(message) = futures_util::StreamExt::next(&mut messages).await {
-                let Ok(text) = std::str::from_utf8(message.get_payload_bytes()) else { continue };
-                let fields: Vec<&str> = text.split(' ').collect();
-                if let [name, _, _, host, port] = fields[..]
-                    && name == master
-                    && let Ok(port) = port.parse()
-                {
-                    let _ = announced.send(Address { host: host.to_owned(), port }).await;
+        match opened.await {
+            Ok(Ok(pubsub)) => {
+                backoff = Duration::from_millis(100);
+                warned = false;
+                let mut messages = pubsub.into_on_message();
+                while let Some(message) = futures_util::StreamExt::next(&mut messages).await {
+                    let Ok(text) = std::str::from_utf8(message.get_payload_bytes()) else { continue };
+                    if let Some(switch) = parse_switch(text, &master) {
+                        let _ = announced.send(switch).await;
+                    }
                 }
             }
+            // Said once per outage: the follower's own checks cover the gap.
+            failed if !warned => {
+                warned = true;
+                let error = match failed {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => "timed out".to_owned(),
+                };
+                tracing::warn!(sentinel = %sentinel.get_connection_info().addr(), error, "cannot hear this Sentinel's failover announcements");
+            }
+            _ => {}
         }
-        // Unreachable or gone: the follower's own checks cover the gap.
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+fn parse_switch(text: &str, master: &str) -> Option<Switch> {
+    let fields: Vec<&str> = text.split(' ').collect();
+    let [name, old_host, old_port, new_host, new_port] = fields[..] else { return None };
+    if name != master {
+        return None;
+    }
+    Some(Switch {
+        old: Address { host: old_host.to_owned(), port: old_port.parse().ok()? },
+        new: Address { host: new_host.to_owned(), port: new_port.parse().ok()? },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(items: &[&str]) -> Vec<String> {
+        items.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn a_sentinel_names_its_primary_with_its_epoch_unless_it_deems_it_down() {
+        let reply =
+            |flags| strings(&["name", "m", "ip", "10.0.0.2", "port", "6380", "flags", flags, "config-epoch", "7"]);
+        let named = named_primary(&reply("master")).unwrap();
+        assert_eq!(named, (7, Address { host: "10.0.0.2".into(), port: 6380 }));
+        assert_eq!(named_primary(&reply("master,s_down")), None);
+        assert_eq!(named_primary(&strings(&["name", "m"])), None);
+    }
+
+    #[test]
+    fn the_latest_failover_wins_over_sentinels_that_have_not_heard_of_it() {
+        let (a, b) = (Address { host: "a".into(), port: 1 }, Address { host: "b".into(), port: 2 });
+        // The first Sentinel still names the old primary, which still answers as one.
+        let answers = vec![Some((5, a.clone())), None, Some((6, b.clone())), Some((5, a.clone()))];
+        assert_eq!(believe(answers), Some(b));
+        assert_eq!(believe(vec![Some((5, a.clone())), Some((5, Address { host: "c".into(), port: 3 }))]), Some(a));
+        assert_eq!(believe(vec![None, None]), None);
+    }
+
+    #[test]
+    fn switch_announcements_of_other_masters_are_ignored() {
+        let switch = parse_switch("orders 10.0.0.1 6379 10.0.0.2 6380", "orders").unwrap();
+        assert_eq!(switch.old, Address { host: "10.0.0.1".into(), port: 6379 });
+        assert_eq!(switch.new, Address { host: "10.0.0.2".into(), port: 6380 });
+        assert!(parse_switch("billing 10.0.0.1 6379 10.0.0.2 6380", "orders").is_none());
+        assert!(parse_switch("orders 10.0.0.1 6379", "orders").is_none());
     }
 }

@@ -1,8 +1,10 @@
 //! The Redis store: every transition is one Lua script, run by SHA.
 //!
 //! Scripts are built once (their SHA computed once), loaded when the gateway starts and sent
-//! with EVALSHA; on NOSCRIPT (a restarted or failed-over Redis) the script is loaded and the
-//! call repeated. Calls go over a few multiplexed connections (`store.connections`), which
+//! with EVALSHA; on NOSCRIPT (a restarted or failed-over Redis, a new Cluster node) the call is
+//! repeated once as EVAL with the script's text, which runs it and caches it on the node that
+//! holds the key (a `SCRIPT LOAD` would go to every node of a Cluster and fail while any is
+//! down). Calls go over a few multiplexed connections (`store.connections`), which
 //! pipeline every concurrent call instead of holding a connection per call: one round trip per
 //! transition, and concurrent requests share writes. A broken connection reconnects by itself.
 //! Every call is bounded by the store timeout.
@@ -45,30 +47,42 @@ use crate::idempotent::fingerprint::Fingerprint;
 const POLL_SUBSCRIBED: Duration = Duration::from_secs(1);
 const POLL_UNSUBSCRIBED: Duration = Duration::from_millis(100);
 
+/// A script: its SHA for EVALSHA, its text for EVAL.
+struct Lua {
+    script: Script,
+    code: &'static str,
+}
+
+impl Lua {
+    fn new(code: &'static str) -> Self {
+        Self { script: Script::new(code), code }
+    }
+}
+
 struct Scripts {
-    claim: Script,
-    renew: Script,
-    settle: Script,
-    release: Script,
-    purge: Script,
-    inspect: Script,
-    quota: Script,
+    claim: Lua,
+    renew: Lua,
+    settle: Lua,
+    release: Lua,
+    purge: Lua,
+    inspect: Lua,
+    quota: Lua,
 }
 
 impl Scripts {
-    fn all(&self) -> [&Script; 7] {
+    fn all(&self) -> [&Lua; 7] {
         [&self.claim, &self.renew, &self.settle, &self.release, &self.purge, &self.inspect, &self.quota]
     }
 
     fn new() -> Self {
         Self {
-            claim: Script::new(include_str!("lua/claim.lua")),
-            renew: Script::new(include_str!("lua/renew.lua")),
-            settle: Script::new(include_str!("lua/settle.lua")),
-            release: Script::new(include_str!("lua/release.lua")),
-            purge: Script::new(include_str!("lua/purge.lua")),
-            inspect: Script::new(include_str!("lua/inspect.lua")),
-            quota: Script::new(include_str!("lua/quota.lua")),
+            claim: Lua::new(include_str!("lua/claim.lua")),
+            renew: Lua::new(include_str!("lua/renew.lua")),
+            settle: Lua::new(include_str!("lua/settle.lua")),
+            release: Lua::new(include_str!("lua/release.lua")),
+            purge: Lua::new(include_str!("lua/purge.lua")),
+            inspect: Lua::new(include_str!("lua/inspect.lua")),
+            quota: Lua::new(include_str!("lua/quota.lua")),
         }
     }
 }
@@ -130,8 +144,12 @@ impl RedisStore {
                 Arc::clone(&subscribed),
             )),
             tokio::spawn(epoch::watch(links.clone(), format!("{key_prefix}:epoch"), data_loss.clone())),
-            tokio::spawn(load_scripts(links.clone(), Arc::clone(&scripts))),
         ];
+        // On a Cluster, SCRIPT LOAD goes to every node and fails while any is down; there the
+        // first call of each script on each node pays one NOSCRIPT round trip instead.
+        if !links.is_cluster() {
+            background.push(tokio::spawn(load_scripts(links.clone(), Arc::clone(&scripts))));
+        }
         if let Some(follower) = follower {
             background.push(tokio::spawn(follower.run(links.clone())));
         }
@@ -143,17 +161,18 @@ impl RedisStore {
         self.data_loss.clone()
     }
 
-    /// Runs `cmd` within the store timeout. For an EVALSHA of `script`, a NOSCRIPT reply (Redis
-    /// restarted or failed over) loads the script and repeats the call once.
-    async fn query<T: FromRedisValue>(&self, cmd: Cmd, script: Option<&Script>) -> Result<T, StoreError> {
+    /// Runs `cmd` within the store timeout. A NOSCRIPT reply (to an EVALSHA) sends
+    /// `on_noscript()` instead, once.
+    async fn query<T: FromRedisValue>(
+        &self,
+        cmd: Cmd,
+        on_noscript: Option<&(dyn Fn() -> Cmd + Sync)>,
+    ) -> Result<T, StoreError> {
         let call = async {
             let mut conn = self.links.pick()?;
-            let result = match (cmd.query_async(&mut conn).await, script) {
-                (Err(e), Some(script)) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                    match script.load_async(&mut conn).await {
-                        Ok(_) => cmd.query_async(&mut conn).await,
-                        Err(e) => Err(e),
-                    }
+            let result = match (cmd.query_async(&mut conn).await, on_noscript) {
+                (Err(e), Some(eval)) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    eval().query_async(&mut conn).await
                 }
                 (result, _) => result,
             };
@@ -170,11 +189,14 @@ impl RedisStore {
 
     /// Calls `script` on the one key `key` (a record, or a quota counter); `args` appends its
     /// ARGV.
-    async fn eval(&self, script: &Script, key: &str, args: impl FnOnce(&mut Cmd)) -> Result<Value, StoreError> {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.get_hash()).arg(1).arg(key);
-        args(&mut cmd);
-        self.query(cmd, Some(script)).await
+    async fn eval(&self, lua: &Lua, key: &str, args: impl Fn(&mut Cmd) + Sync) -> Result<Value, StoreError> {
+        let call = |verb: &str, script: &str| {
+            let mut cmd = redis::cmd(verb);
+            cmd.arg(script).arg(1).arg(key);
+            args(&mut cmd);
+            cmd
+        };
+        self.query(call("EVALSHA", lua.script.get_hash()), Some(&|| call("EVAL", lua.code))).await
     }
 }
 
@@ -313,8 +335,20 @@ impl Store for RedisStore {
     }
 
     async fn ping(&self) -> Result<(), StoreError> {
-        let _: String = self.query(redis::cmd("PING"), None).await?;
-        Ok(())
+        if !self.links.is_cluster() {
+            let _: String = self.query(redis::cmd("PING"), None).await?;
+            return Ok(());
+        }
+        // A PING would go to every primary and fail while any one is down, although the
+        // other shards serve their keys (and the routes' on_store_error handles the rest):
+        // a Cluster is ready when one node says the cluster is.
+        let mut cmd = redis::cmd("CLUSTER");
+        cmd.arg("INFO");
+        let info: String = self.query(cmd, None).await?;
+        match info.lines().any(|line| line.trim() == "cluster_state:ok") {
+            true => Ok(()),
+            false => Err(StoreError::Unavailable("the Redis Cluster reports cluster_state:fail".into())),
+        }
     }
 }
 
@@ -391,7 +425,7 @@ impl Reply {
 const SCRIPT_LOAD_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Loads every script once Redis answers, so that the first calls after a start do not begin
-/// with a NOSCRIPT round trip. (After a Redis restart, NOSCRIPT handling in `query` reloads.)
+/// with a NOSCRIPT round trip. (After a Redis restart or failover, `query` falls back to EVAL.)
 async fn load_scripts(links: Links, scripts: Arc<Scripts>) {
     let mut backoff = Duration::from_millis(50);
     loop {
@@ -401,7 +435,7 @@ async fn load_scripts(links: Links, scripts: Arc<Scripts>) {
         };
         let mut loaded = true;
         for script in scripts.all() {
-            let load = tokio::time::timeout(SCRIPT_LOAD_TIMEOUT, script.load_async(&mut conn)).await;
+            let load = tokio::time::timeout(SCRIPT_LOAD_TIMEOUT, script.script.load_async(&mut conn)).await;
             loaded &= matches!(load, Ok(Ok(_)));
         }
         if loaded {

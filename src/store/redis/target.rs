@@ -159,6 +159,9 @@ fn address(text: &str, default_port: u16) -> Result<Address, String> {
     if host.is_empty() {
         return Err(format!("{text:?} has no host"));
     }
+    if host.contains(':') && !text.starts_with('[') {
+        return Err(format!("{text:?}: an IPv6 address goes in brackets, [ADDRESS]:PORT"));
+    }
     let port = match port {
         Some(p) => p.parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(|| format!("{text:?}: bad port {p:?}"))?,
         None => default_port,
@@ -232,6 +235,7 @@ mod tests {
             ("redis+cluster://a:1/0", "no path"),
             ("redis+cluster://a:99999", "bad port"),
             ("redis+cluster://u:hunter2@a:x", "bad port"),
+            ("redis+cluster://::1", "in brackets"),
             ("memcached://a", "not a usable Redis URL: unknown scheme"),
             ("127.0.0.1:6379", "starts with"),
         ] {

@@ -26,7 +26,11 @@ local state = rec[1]
 
 local function acquire(attempt)
   redis.call('HSET', key, 's', 'p', 'f', ARGV[1], 'o', ARGV[2], 'd', now + lease, 'a', attempt)
-  redis.call('HDEL', key, 'r', 'w')
+  -- A released tombstone or a lapsed claim may hold a response or a waiter flag; a new record
+  -- holds neither, and a first request (the common case) skips the call.
+  if state then
+    redis.call('HDEL', key, 'r', 'w')
+  end
   redis.call('PEXPIRE', key, ARGV[4])
   return {'acquired', attempt}
 end
