@@ -98,6 +98,7 @@ impl Gateway {
         let mut metrics = Metrics::default();
         if let Some(redis) = store.redis() {
             metrics.register_store_data_loss(redis.data_loss_counter());
+            metrics.register_store_commands(redis.commands_counter());
         }
         metrics.register_store_latency(store.call_latency());
         let shared = Shared {

@@ -313,6 +313,15 @@ impl Metrics {
         );
     }
 
+    /// Exposes the count of commands sent to Redis (Redis only).
+    pub fn register_store_commands(&mut self, counter: Counter) {
+        self.registry.register(
+            "store_commands",
+            "Commands this gateway sent to Redis, each one round trip (the commands a script runs inside Redis are not counted)",
+            counter,
+        );
+    }
+
     /// Exposes the store's call latency histograms.
     pub fn register_store_latency(
         &mut self,

@@ -97,6 +97,27 @@ async fn metrics_have_latency_histograms_and_gauges() {
     }
 }
 
+/// A first request costs two Redis round trips (the native claim, the settle script) and a
+/// replay one (the claim's reply carries the response), as `idemgate_store_commands_total`
+/// counts them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_request_costs_two_redis_round_trips_and_a_replay_one() {
+    let upstream = TestUpstream::start().await;
+    let redis = support::redis::RedisServer::shared();
+    let store =
+        format!("backend = \"redis\"\nurl = \"{}\"\nkey_prefix = \"{}\"", redis.url(), support::unique("trips"));
+    let gw = GatewayProc::start(&Toml { store: &store, ..Toml::new(upstream.addr) }.render());
+    let client = gw.client();
+    let commands = || gw.metric("idemgate_store_commands_total");
+    let before = commands().await;
+    assert_eq!(client.post_json("/orders", Some("t-1"), ORDER).await.status, 201);
+    let first = commands().await;
+    assert_eq!(client.post_json("/orders", Some("t-1"), ORDER).await.status, 201);
+    let replay = commands().await;
+    assert_eq!((first - before, replay - first), (2.0, 1.0), "round trips of a first request, then of a replay");
+    assert_eq!(upstream.executions(), 1, "the replay never reached the upstream");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_policy_is_published_by_the_cli_and_the_admin_listener() {
     let upstream = TestUpstream::start().await;

@@ -497,7 +497,7 @@ async fn cluster_data_loss_is_detected_per_shard() {
     drop(store);
 }
 
-/// Redis-only: records are hashes under hashed names; neither the key nor the caller appears.
+/// Redis-only: records live under hashed names; neither the key nor the caller appears.
 #[tokio::test]
 async fn redis_key_names_never_contain_client_input() {
     let server = RedisServer::shared();

@@ -443,32 +443,30 @@ impl Model {
 
 /// Moves the Redis side of a case `ARGV[1]` ms into the future, deterministically.
 ///
-/// Why this is the passage of time for the scripts: everything time-dependent in a record is
-/// an absolute instant, compared with the present. claim.lua, renew.lua and inspect.lua read
-/// the present with `TIME` and compare it with the hash field `d` (the lease deadline, Redis
-/// server ms), and the record's lifetime is the key's expiry, set relative to the present
-/// (PEXPIRE) and read relative to it (PTTL). No other field holds a time. So the scripts only
-/// ever see the differences `d - now` and `expiry - now`, and lowering both instants by `ms`
-/// changes those differences exactly as `now` growing by `ms` would: every later script runs
-/// as if `ms` had passed. Instants written afterwards are relative to the then-current `TIME`,
-/// as they would be. The shift is exact: it uses PEXPIRETIME/PEXPIREAT (absolute), not
-/// PTTL/PEXPIRE, so no real time leaks in between the read and the write. Expiry by the
-/// passage of time is the key's removal: a key whose shifted expiry is at or before the
-/// present is deleted, as the memory store and the model drop a record whose expiry is <= now.
-/// This touches the record layout (`d` and the key expiry) on purpose: the test knows the
-/// layout so that it can run the real scripts with time under its control. PEXPIRETIME needs
-/// Redis 7.0 or later.
+/// Why this is the passage of time for the store: the only instant a record has is the key's
+/// expiry, set relative to the present (SET PX, PEXPIRE) and read relative to it (PTTL). The
+/// lease ends at a mark on that same clock (the lease lives while PTTL > mark, see the store's
+/// `layout.rs`); no field holds a time. So the store only ever sees `expiry - now`, and
+/// lowering the expiry by `ms` changes it, and the lease left, exactly as `now` growing by
+/// `ms` would: every later call runs as if `ms` had passed. The shift is exact: it uses
+/// PEXPIRETIME/PEXPIREAT (absolute), not PTTL/PEXPIRE, so no real time leaks in between the
+/// read and the write. Expiry by the passage of time is the key's removal: a key whose shifted
+/// expiry is at or before the present is deleted, as the memory store and the model drop a
+/// record whose expiry is <= now. This relies on the record layout on purpose (no time in a
+/// field): the test knows it so that it can run the real commands and scripts with time under
+/// its control. PEXPIRETIME needs Redis 7.0 or later.
 ///
 /// Why the little real time that passes during a case cannot change a result. Every duration
 /// (lease, ttl, retention) and every advance is a whole number of seconds, so every instant
 /// the model compares with its present (a deadline, an expiry) is m ms away with m a multiple
-/// of 1000. Redis sees m - r, where r >= 0 is the real time in whole ms since the script that
-/// wrote the instant ran (both TIME and key expiry truncate to ms); a case takes a few ms of
+/// of 1000. Redis sees m - r, where r >= 0 is the real time in whole ms since the command that
+/// wrote the instant ran (key expiry is kept in ms); a case takes a few ms of
 /// real time, and the argument needs r < DRIFT_MS (500):
-/// - lease live (claim.lua: `deadline > now`): m >= 1000 gives m - r > 500 > 0, live on both
-///   sides; m <= 0 gives m - r <= 0, passed on both. That includes the exact tie m = 0 (an
-///   advance lands on the deadline), which the model, the memory store and the script all
-///   treat as passed (`deadline > now` is live): Redis sees -r <= 0, passed whatever r is.
+/// - lease live (claim.lua: `PTTL - mark > 0`, the lease left m - r): m >= 1000 gives
+///   m - r > 500 > 0, live on both sides; m <= 0 gives m - r <= 0, passed on both. That
+///   includes the exact tie m = 0 (an advance lands on the deadline), which the model, the
+///   memory store and the script all treat as passed (`deadline > now` is live): Redis sees
+///   -r <= 0, passed whatever r is.
 /// - record alive: between advances no key nears its expiry by real time (a key that survived
 ///   the last shift has m >= 1000, so m - r > 0); expiry happens only in this script, which
 ///   decides on m' = m - ms: m' <= 0 gives m' - r <= 0, deleted; m' >= 1000 gives m' - r > 0,
@@ -493,10 +491,6 @@ for _, key in ipairs(KEYS) do
     return redis.error_reply('record without expiry: ' .. key)
   end
   if at >= 0 then
-    local d = redis.call('HGET', key, 'd')
-    if d then
-      redis.call('HSET', key, 'd', tonumber(d) - ms)
-    end
     if at - ms <= now then
       redis.call('DEL', key)
     else

@@ -37,6 +37,8 @@ struct Observed {
     run_id: String,
     /// `master_replid`: new when a replica is promoted (a failover).
     replid: String,
+    /// `redis_version`.
+    version: String,
 }
 
 /// Detects that Redis lost, or may have lost, its data:
@@ -73,8 +75,9 @@ pub(super) async fn watch(links: Links, marker: String, data_loss: Counter) {
         for (marker, observed) in futures_util::future::join_all(checks).await {
             match observed {
                 Ok(current) => {
-                    if let Some(previous) = known.get(&marker) {
-                        report_change(&marker, previous, &current, &data_loss);
+                    match known.get(&marker) {
+                        Some(previous) => report_change(&marker, previous, &current, &data_loss),
+                        None => check_version(&current.version),
                     }
                     known.insert(marker, current);
                 }
@@ -129,7 +132,28 @@ async fn observe(links: &Links, marker: &str, candidate: &str) -> Result<Observe
         .query_async(&mut link)
         .await
         .map_err(unavailable)?;
-    Ok(Observed { epoch, run_id: info_field(&server, "run_id"), replid: info_field(&replication, "master_replid") })
+    Ok(Observed {
+        epoch,
+        run_id: info_field(&server, "run_id"),
+        replid: info_field(&replication, "master_replid"),
+        version: info_field(&server, "redis_version"),
+    })
+}
+
+/// The oldest Redis the store works with: a claim is `SET key value NX GET PX ttl`, and `NX`
+/// with `GET` came in 7.0.
+const MIN_MAJOR: u32 = 7;
+
+/// Says, once per server seen, when it is too old for the store's commands.
+fn check_version(version: &str) {
+    let major = version.split('.').next().and_then(|m| m.parse::<u32>().ok());
+    if major.is_some_and(|m| m < MIN_MAJOR) {
+        tracing::error!(
+            version,
+            "Redis {version} is older than {MIN_MAJOR}.0: every claim (SET NX GET) fails, and the routes' \
+             on_store_error applies to every request; upgrade Redis"
+        );
+    }
 }
 
 /// One marker per shard: the shard's first slot, read from `CLUSTER SLOTS`.

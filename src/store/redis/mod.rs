@@ -1,4 +1,6 @@
-//! The Redis store: every transition is one Lua script, run by SHA.
+//! The Redis store: a record is one string (`layout`); a claim is one native command where it
+//! can be (`SET NX GET PX`: an absent key is claimed, a settled one answered from the reply),
+//! and every compare-and-set is one Lua script.
 //!
 //! Scripts are built once (their SHA computed once), loaded when the gateway starts and sent
 //! with EVALSHA; on NOSCRIPT (a restarted or failed-over Redis, a new Cluster node) the call is
@@ -8,8 +10,8 @@
 //! pipeline every concurrent call instead of holding a connection per call: one round trip per
 //! transition, and concurrent requests share writes. A broken connection reconnects by itself.
 //! Every call is bounded by the store timeout.
-//! Times are Redis server time (`TIME`) or relative expiry, never a gateway's wall clock,
-//! so that gateways with skewed clocks agree on every lease.
+//! Times are Redis's own expiry clock (a lease ends at a mark on the record's PTTL), never a
+//! gateway's wall clock, so that gateways with skewed clocks agree on every lease.
 //!
 //! Waiting duplicates are woken through pub/sub: a claim that finds the key in flight sets a
 //! flag on the record, and the owner's complete/release script publishes the key name on the
@@ -18,6 +20,7 @@
 //! `epoch`.
 
 mod epoch;
+mod layout;
 mod links;
 mod notify;
 pub mod target;
@@ -31,6 +34,7 @@ use prometheus_client::metrics::counter::Counter;
 use redis::{Cmd, ErrorKind, FromRedisValue, RedisWrite, Script, ServerErrorKind, ToRedisArgs, Value};
 use tokio::task::JoinHandle;
 
+use self::layout::{Record, State};
 use self::links::{Links, Opened, unavailable};
 use self::target::Target;
 
@@ -96,6 +100,7 @@ pub struct RedisStore {
     waiters: Arc<Waiters>,
     subscribed: Arc<AtomicBool>,
     data_loss: Counter,
+    commands: Counter,
     /// Subscriber, epoch watch, script warm-up and Sentinel follower; stopped with the store.
     background: Vec<JoinHandle<()>>,
 }
@@ -153,7 +158,13 @@ impl RedisStore {
         if let Some(follower) = follower {
             background.push(tokio::spawn(follower.run(links.clone())));
         }
-        Ok(Self { links, scripts, timeout, channel, waiters, subscribed, data_loss, background })
+        let commands = Counter::default();
+        Ok(Self { links, scripts, timeout, channel, waiters, subscribed, data_loss, commands, background })
+    }
+
+    /// Counts the commands this gateway sent (each one round trip).
+    pub fn commands_counter(&self) -> Counter {
+        self.commands.clone()
     }
 
     /// Counts the times this gateway saw Redis lose its data (see the module docs).
@@ -170,8 +181,10 @@ impl RedisStore {
     ) -> Result<T, StoreError> {
         let call = async {
             let mut conn = self.links.pick()?;
+            self.commands.inc();
             let result = match (cmd.query_async(&mut conn).await, on_noscript) {
                 (Err(e), Some(eval)) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    self.commands.inc();
                     eval().query_async(&mut conn).await
                 }
                 (result, _) => result,
@@ -214,9 +227,31 @@ impl Store for RedisStore {
         lease: Duration,
         ttl: Duration,
     ) -> Result<Claim, StoreError> {
+        // The common cases in one native command: an absent key is claimed, a settled one
+        // answered from the reply. A claim in progress or a released tombstone needs a
+        // compare-and-set (register a waiter, take over, count the attempt): the script.
+        let (lease_ms, ttl_ms) = (ms(lease), ms(ttl.max(lease)));
+        let mut set = redis::cmd("SET");
+        set.arg(key.as_str()).arg(layout::claim(1, ttl_ms, lease_ms, fingerprint, &owner));
+        set.arg("NX").arg("GET").arg("PX").arg(ttl_ms);
+        let existing: Option<Vec<u8>> = self.query(set, None).await?;
+        let Some(existing) = existing else {
+            return Ok(Claim::Acquired(Lease::new(key.clone(), owner, 1, lease, ttl)));
+        };
+        let record = Record::parse(Bytes::from(existing))?;
+        // The same order as claim.lua: a tombstone is claimable whatever the request; then the
+        // fingerprint, then the state.
+        match record.state {
+            State::Released => {}
+            _ if !record.fingerprint_is(fingerprint) => return Ok(Claim::Mismatch),
+            State::Completed => return Ok(Claim::Completed(decode(record.response())?)),
+            State::Executed => return Ok(Claim::Executed(decode(record.response())?)),
+            State::Unknown => return Ok(Claim::Unknown { attempt: record.attempt }),
+            State::InProgress => {}
+        }
         let reply = self
             .eval(&self.scripts.claim, key.as_str(), |cmd| {
-                cmd.arg(&fingerprint.as_bytes()[..]).arg(&owner.as_bytes()[..]).arg(ms(lease)).arg(ms(ttl.max(lease)));
+                cmd.arg(&fingerprint.as_bytes()[..]).arg(&owner.as_bytes()[..]).arg(lease_ms).arg(ttl_ms);
             })
             .await?;
         let mut items = Reply::array(reply)?;
@@ -361,6 +396,10 @@ impl ToRedisArgs for Encoded<'_> {
         // The command buffer is memory; writing to it cannot fail.
         let _ = self.0.write_encoded(&mut out.writer_for_next_arg());
     }
+}
+
+fn decode(response: Bytes) -> Result<StoredResponse, StoreError> {
+    StoredResponse::decode(response).map_err(|e| protocol(&e.to_string()))
 }
 
 fn settled(n: i64) -> Result<Settled, StoreError> {

@@ -1,18 +1,18 @@
--- Describe a record for the admin API, with times relative to Redis server time.
+-- Describe a record for the admin API, with times relative to Redis's own clock.
 --
 -- KEYS[1]  record key
 --
 -- Reply: {} when absent, else {state, attempt, lease ms left, ttl ms, response or ""}
 
 local key = KEYS[1]
-local rec = redis.call('HMGET', key, 's', 'a', 'd', 'r')
-if not rec[1] then
+local v = redis.call('GET', key)
+if not v then
   return {}
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local state = string.sub(v, 1, 1)
+local ttl = redis.call('PTTL', key)
 local left = 0
-if rec[3] then
-  left = math.max(0, tonumber(rec[3]) - now)
+if state == 'p' then
+  left = math.max(0, ttl - tonumber(string.sub(v, 13, 25)))
 end
-return {rec[1], tonumber(rec[2]), left, redis.call('PTTL', key), rec[4] or ''}
+return {state, tonumber(string.sub(v, 3, 12)), left, ttl, string.sub(v, 74)}

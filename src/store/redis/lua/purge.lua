@@ -8,15 +8,10 @@
 -- Reply: the state that was released ("p", "c", "x", "u"), or "" when there was none
 
 local key = KEYS[1]
-local rec = redis.call('HMGET', key, 's', 'a')
-if not rec[1] or rec[1] == 'r' then
+local v = redis.call('GET', key)
+if not v or string.sub(v, 1, 1) == 'r' then
   return ''
 end
-local ttl = redis.call('PTTL', key)
-redis.call('DEL', key)
-redis.call('HSET', key, 's', 'r', 'a', rec[2])
-if ttl > 0 then
-  redis.call('PEXPIRE', key, ttl)
-end
+redis.call('SET', key, 'r0' .. string.sub(v, 3, 12) .. string.rep('0', 13) .. string.rep('\0', 48), 'KEEPTTL')
 redis.call('PUBLISH', ARGV[1], key)
-return rec[1]
+return string.sub(v, 1, 1)

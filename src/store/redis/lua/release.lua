@@ -13,20 +13,21 @@
 -- Reply: 1 released, 0 lost
 
 local key = KEYS[1]
-local rec = redis.call('HMGET', key, 's', 'o', 'w', 'a')
-if rec[1] ~= 'p' or rec[2] ~= ARGV[1] then
+local v = redis.call('GET', key)
+if not v or string.sub(v, 1, 1) ~= 'p' or string.sub(v, 58, 73) ~= ARGV[1] then
   return 0
 end
-local attempt = tonumber(rec[4])
+local attempt = tonumber(string.sub(v, 3, 12))
 if ARGV[2] ~= '1' then
   attempt = attempt - 1
 end
-redis.call('DEL', key)
 if attempt > 0 then
-  redis.call('HSET', key, 's', 'r', 'a', attempt)
-  redis.call('PEXPIRE', key, ARGV[3])
+  redis.call('SET', key, 'r0' .. string.format('%010d', attempt) .. string.rep('0', 13) .. string.rep('\0', 48),
+    'PX', ARGV[3])
+else
+  redis.call('DEL', key)
 end
-if rec[3] then
+if string.sub(v, 2, 2) == '1' then
   redis.call('PUBLISH', ARGV[4], key)
 end
 return 1

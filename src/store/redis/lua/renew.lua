@@ -5,19 +5,22 @@
 -- ARGV[2]  lease, ms
 -- ARGV[3]  ttl of an open claim, ms
 --
+-- The new lease ends `lease` from now: at the record's PTTL minus `lease` (the lease mark,
+-- see claim.lua). A record that would expire before the lease gets its ttl again first.
+--
 -- Reply: 1 renewed, 0 lost (taken over, completed by another owner, purged or expired)
 
 local key = KEYS[1]
-local rec = redis.call('HMGET', key, 's', 'o')
-if rec[1] ~= 'p' or rec[2] ~= ARGV[1] then
+local v = redis.call('GET', key)
+if not v or string.sub(v, 1, 1) ~= 'p' or string.sub(v, 58, 73) ~= ARGV[1] then
   return 0
 end
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local lease = tonumber(ARGV[2])
-redis.call('HSET', key, 'd', now + lease)
+local left = redis.call('PTTL', key)
 -- Never let the record itself expire before the lease does.
-if redis.call('PTTL', key) < lease then
-  redis.call('PEXPIRE', key, ARGV[3])
+if left < lease then
+  left = tonumber(ARGV[3])
+  redis.call('PEXPIRE', key, left)
 end
+redis.call('SET', key, string.sub(v, 1, 12) .. string.format('%013d', left - lease) .. string.sub(v, 26), 'KEEPTTL')
 return 1

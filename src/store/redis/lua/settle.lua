@@ -7,17 +7,25 @@
 -- ARGV[4]  retention, ms
 -- ARGV[5]  notification channel
 --
+-- The record keeps its attempt and fingerprint (a different request is still 422); the lease
+-- mark and the owner are cleared.
+--
 -- Reply: 1 settled, 0 lost
 
 local key = KEYS[1]
-local rec = redis.call('HMGET', key, 's', 'o', 'w')
-if rec[1] ~= 'p' or rec[2] ~= ARGV[1] then
+local v = redis.call('GET', key)
+if not v or string.sub(v, 1, 1) ~= 'p' or string.sub(v, 58, 73) ~= ARGV[1] then
   return 0
 end
-redis.call('HSET', key, 's', ARGV[2], 'r', ARGV[3])
-redis.call('HDEL', key, 'o', 'd', 'w')
-redis.call('PEXPIRE', key, ARGV[4])
-if rec[3] then
+-- The header, then the response appended to it: concatenating them in Lua would copy the
+-- response once more and leave a garbage string of its size behind.
+redis.call('SET', key,
+  ARGV[2] .. '0' .. string.sub(v, 3, 12) .. string.rep('0', 13) .. string.sub(v, 26, 57) .. string.rep('\0', 16),
+  'PX', ARGV[4])
+if ARGV[3] ~= '' then
+  redis.call('APPEND', key, ARGV[3])
+end
+if string.sub(v, 2, 2) == '1' then
   redis.call('PUBLISH', ARGV[5], key)
 end
 return 1
