@@ -2,7 +2,10 @@
 -- summary line that bench/run parses.
 
 body = '{"user_id":"u-1","sku":"BOOK-42","quantity":1,"note":"bench"}'
-json_headers = { ["content-type"] = "application/json" }
+-- The caller's credential: an idempotent route scopes its keys by it, and refuses a keyed
+-- request without one (400 scope-missing).
+authorization = "Bearer bench-caller"
+json_headers = { ["content-type"] = "application/json", ["authorization"] = authorization }
 
 local threads = {}
 

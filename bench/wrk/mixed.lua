@@ -14,6 +14,7 @@ function request()
   end
   return wrk.format("POST", nil, {
     ["content-type"] = "application/json",
+    ["authorization"] = authorization,
     ["idempotency-key"] = string.format('"%s-%d-%d"', run, id, k),
   }, body)
 end

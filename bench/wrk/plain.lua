@@ -4,3 +4,4 @@ dofile(os.getenv("BENCH_WRK_DIR") .. "/common.lua")
 wrk.method = "POST"
 wrk.body = body
 wrk.headers["content-type"] = "application/json"
+wrk.headers["authorization"] = authorization

@@ -4,4 +4,5 @@ dofile(os.getenv("BENCH_WRK_DIR") .. "/common.lua")
 wrk.method = "POST"
 wrk.body = body
 wrk.headers["content-type"] = "application/json"
+wrk.headers["authorization"] = authorization
 wrk.headers["idempotency-key"] = '"' .. (os.getenv("BENCH_RUN") or "bench") .. '-replay"'

@@ -8,6 +8,7 @@ function request()
   n = n + 1
   return wrk.format("POST", nil, {
     ["content-type"] = "application/json",
+    ["authorization"] = authorization,
     ["idempotency-key"] = string.format('"%s-%d-%d"', run, id, n),
   }, body)
 end
