@@ -61,7 +61,9 @@ impl RecordKey {
             h.update((part.len() as u64).to_be_bytes());
             h.update(part);
         }
-        Self(format!("{prefix}:r:{}", hex::encode(h.finalize())))
+        // `s:`, a record held as one string; earlier versions kept hashes under `r:`, which
+        // this version neither reads nor trips over (a string command on a hash would fail).
+        Self(format!("{prefix}:s:{}", hex::encode(h.finalize())))
     }
 
     /// The name as stored.
