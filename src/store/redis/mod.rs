@@ -8,7 +8,8 @@
 //! holds the key (a `SCRIPT LOAD` would go to every node of a Cluster and fail while any is
 //! down). Calls go over a few multiplexed connections (`store.connections`), which
 //! pipeline every concurrent call instead of holding a connection per call: one round trip per
-//! transition, and concurrent requests share writes. A broken connection reconnects by itself.
+//! transition (two for a claim that meets a claim in progress: the native try, then the
+//! script), and concurrent requests share writes. A broken connection reconnects by itself.
 //! Every call is bounded by the store timeout.
 //! Times are Redis's own expiry clock (a lease ends at a mark on the record's PTTL), never a
 //! gateway's wall clock, so that gateways with skewed clocks agree on every lease.
