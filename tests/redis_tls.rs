@@ -4,50 +4,17 @@
 
 mod support;
 
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 use support::client::Client;
 use support::gateway_proc::{GatewayProc, Toml};
+use support::pki::Pki;
 use support::process::spawn_tied;
 use support::upstream::TestUpstream;
 
 const ORDER: &str = r#"{"sku":"A-1","quantity":2}"#;
 const PASSWORD: &str = "s3cret-redis-password-9c1e";
-
-/// PEM files of a test CA, a server certificate for 127.0.0.1 and a client certificate.
-struct Pki {
-    dir: tempfile::TempDir,
-}
-
-impl Pki {
-    fn new() -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        // Distinct names: OpenSSL (redis-server) takes a certificate whose issuer is its own
-        // subject for self-signed, and rcgen names every certificate alike by default.
-        ca_params.distinguished_name.push(DnType::CommonName, "idemgate test CA");
-        let ca_key = KeyPair::generate().unwrap();
-        let ca = CertifiedIssuer::self_signed(ca_params, ca_key).unwrap();
-        std::fs::write(dir.path().join("ca.pem"), ca.pem()).unwrap();
-        for (name, san) in [("server", "127.0.0.1"), ("client", "gateway")] {
-            let key = KeyPair::generate().unwrap();
-            let mut params = CertificateParams::new(vec![san.to_owned()]).unwrap();
-            params.distinguished_name.push(DnType::CommonName, format!("idemgate test {name}"));
-            let cert = params.signed_by(&key, &ca).unwrap();
-            std::fs::write(dir.path().join(format!("{name}.pem")), cert.pem()).unwrap();
-            std::fs::write(dir.path().join(format!("{name}.key")), key.serialize_pem()).unwrap();
-        }
-        Self { dir }
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-}
 
 /// redis-server listening with TLS only (mutual TLS required) and a password.
 struct TlsRedis {
@@ -70,7 +37,7 @@ fn start_tls_redis(pki: &Pki) -> TlsRedis {
             .arg(pki.path("ca.pem"))
             .args(["--tls-auth-clients", "yes"])
             .arg("--dir")
-            .arg(pki.dir.path())
+            .arg(pki.dir())
             .arg("--logfile")
             .arg(&log)
             .stdout(Stdio::null())

@@ -6,6 +6,7 @@
 pub mod client;
 pub mod gateway;
 pub mod gateway_proc;
+pub mod pki;
 pub mod process;
 pub mod proxy;
 pub mod raw_upstream;

@@ -6,15 +6,54 @@
 //! may be taken before redis-server binds it (the kernel hands such ports to outgoing
 //! connections). A server is only used once it is up and answering as *this* child process
 //! (`INFO server`'s `process_id`), and a start that lost its port is retried on another.
+//!
+//! Each fixture also runs with TLS only (`start_tls`): servers listen on a TLS port alone
+//! (`--port 0`), replicate (and a cluster gossips) over TLS, and Sentinels talk TLS to the
+//! servers and to each other; clients need no certificate. The fixture's own checks then
+//! connect with TLS, trusting the test's CA.
 
 use std::fmt::Write as _;
 use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use super::pki::TlsFiles;
 use super::process::spawn_tied;
+
+/// How the fixture's own checks reach a server on loopback: plain TCP, or TLS trusting a CA.
+#[derive(Clone, Default)]
+struct Reach {
+    /// The CA's PEM, for a server that speaks TLS only.
+    ca: Option<Arc<Vec<u8>>>,
+}
+
+impl Reach {
+    fn of(tls: Option<&TlsFiles>) -> Reach {
+        Reach { ca: tls.map(|files| Arc::new(files.ca_pem())) }
+    }
+
+    fn is_tls(&self) -> bool {
+        self.ca.is_some()
+    }
+
+    /// `redis` or `rediss`.
+    fn scheme(&self) -> &'static str {
+        if self.is_tls() { "rediss" } else { "redis" }
+    }
+
+    fn client(&self, port: u16) -> ::redis::RedisResult<::redis::Client> {
+        let url = format!("{}://127.0.0.1:{port}", self.scheme());
+        match &self.ca {
+            None => ::redis::Client::open(url),
+            Some(ca) => ::redis::Client::build_with_tls(
+                url,
+                ::redis::TlsCertificates { client_tls: None, root_cert: Some(ca.to_vec()) },
+            ),
+        }
+    }
+}
 
 pub struct RedisServer {
     pub port: u16,
@@ -24,6 +63,9 @@ pub struct RedisServer {
     dir: tempfile::TempDir,
     /// Arguments appended to the common ones, kept for `restart`.
     extra: Vec<String>,
+    /// TLS files when it listens with TLS only.
+    tls: Option<TlsFiles>,
+    reach: Reach,
 }
 
 impl RedisServer {
@@ -42,15 +84,35 @@ impl RedisServer {
     /// `["--maxmemory", "10mb"]`; a later argument overrides an earlier one.
     pub fn start_with(extra: &[&str]) -> RedisServer {
         let extra: Vec<String> = extra.iter().map(|a| a.to_string()).collect();
-        RedisServer::start_args(|_| extra.clone())
+        RedisServer::start_args(None, |_| extra.clone())
+    }
+
+    /// A server of the test's own listening with TLS only, with `files`; it replicates over
+    /// TLS too, and does not ask clients for a certificate.
+    pub fn start_tls(files: &TlsFiles) -> RedisServer {
+        RedisServer::start_tls_with(files, &[])
+    }
+
+    /// [`start_tls`] with `extra` appended to the command line.
+    pub fn start_tls_with(files: &TlsFiles, extra: &[&str]) -> RedisServer {
+        let extra: Vec<String> = extra.iter().map(|a| a.to_string()).collect();
+        RedisServer::start_args(Some(files), |_| extra.clone())
     }
 
     /// `extra(port)` is asked anew for every port tried, for arguments naming ports of their own.
-    fn start_args(mut extra: impl FnMut(u16) -> Vec<String>) -> RedisServer {
+    fn start_args(tls: Option<&TlsFiles>, mut extra: impl FnMut(u16) -> Vec<String>) -> RedisServer {
+        let reach = Reach::of(tls);
         for _ in 0..10 {
             let dir = tempfile::tempdir().expect("a temporary directory for redis-server");
             let port = free_port();
-            let server = RedisServer { port, child: Mutex::new(None), dir, extra: extra(port) };
+            let server = RedisServer {
+                port,
+                child: Mutex::new(None),
+                dir,
+                extra: extra(port),
+                tls: tls.cloned(),
+                reach: reach.clone(),
+            };
             if server.launch() {
                 return server;
             }
@@ -58,8 +120,14 @@ impl RedisServer {
         panic!("redis-server did not start on any of 10 ports");
     }
 
+    /// `redis://` or, with TLS, `rediss://`.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        format!("{}://127.0.0.1:{}", self.reach.scheme(), self.port)
+    }
+
+    /// Whether it listens with TLS only.
+    pub fn is_tls(&self) -> bool {
+        self.tls.is_some()
     }
 
     pub fn addr(&self) -> std::net::SocketAddr {
@@ -95,7 +163,20 @@ impl RedisServer {
     /// Starts redis-server on `self.port`; false when it exited (a port of its was taken).
     fn launch(&self) -> bool {
         let mut cmd = Command::new("redis-server");
-        cmd.args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        let port = self.port.to_string();
+        match &self.tls {
+            None => cmd.args(["--port", &port]),
+            Some(files) => cmd
+                .args(["--port", "0", "--tls-port", &port])
+                .arg("--tls-cert-file")
+                .arg(&files.cert)
+                .arg("--tls-key-file")
+                .arg(&files.key)
+                .arg("--tls-ca-cert-file")
+                .arg(&files.ca)
+                .args(["--tls-auth-clients", "no", "--tls-replication", "yes"]),
+        };
+        cmd.args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(self.dir.path())
             .args(["--protected-mode", "no", "--loglevel", "warning"])
@@ -105,7 +186,7 @@ impl RedisServer {
             .stdout(Stdio::null())
             .stderr(Stdio::null());
         let child = spawn_tied(cmd).expect("redis-server must be on PATH (it is installed by .ci/run)");
-        match answering_as(child, self.port, "redis-server") {
+        match answering_as(child, &self.reach, self.port, "redis-server") {
             Some(child) => {
                 *self.child.lock().unwrap() = Some(child);
                 true
@@ -120,7 +201,7 @@ impl RedisServer {
             let _ = child.kill();
             let _ = child.wait();
         }
-        wait_until(|| !ping(self.port), "redis-server to stop");
+        wait_until(|| !ping(&self.reach, self.port), "redis-server to stop");
     }
 
     /// Starts the server again on the same port, empty. The port was ours a moment ago;
@@ -138,7 +219,7 @@ impl RedisServer {
 
     /// A synchronous connection, for assertions on what Redis holds.
     pub fn connection(&self) -> ::redis::Connection {
-        ::redis::Client::open(self.url()).unwrap().get_connection().unwrap()
+        self.reach.client(self.port).unwrap().get_connection().unwrap()
     }
 }
 
@@ -159,6 +240,7 @@ pub struct SentinelSet {
     sentinels: Vec<Sentinel>,
     servers: [RedisServer; 2],
     name: String,
+    reach: Reach,
 }
 
 impl SentinelSet {
@@ -166,19 +248,35 @@ impl SentinelSet {
     /// `master_name` with a quorum of 2; returns once every Sentinel knows the replica and the
     /// two other Sentinels, so that a failover can succeed.
     pub fn start(master_name: &str) -> SentinelSet {
-        let primary = RedisServer::start();
-        let replica = RedisServer::start();
+        SentinelSet::start_with(master_name, None)
+    }
+
+    /// [`start`] with TLS only: the servers and the Sentinels listen with TLS alone, the replica
+    /// replicates over TLS, and the Sentinels talk TLS to the servers and to each other.
+    pub fn start_tls(master_name: &str, files: &TlsFiles) -> SentinelSet {
+        SentinelSet::start_with(master_name, Some(files))
+    }
+
+    fn start_with(master_name: &str, tls: Option<&TlsFiles>) -> SentinelSet {
+        let start = || match tls {
+            Some(files) => RedisServer::start_tls(files),
+            None => RedisServer::start(),
+        };
+        let primary = start();
+        let replica = start();
         replica.replicate(&primary);
-        let sentinels = (0..3).map(|_| Sentinel::start(master_name, primary.port)).collect();
-        let set = SentinelSet { sentinels, servers: [primary, replica], name: master_name.to_string() };
+        let sentinels = (0..3).map(|_| Sentinel::start(master_name, primary.port, tls)).collect();
+        let reach = primary.reach.clone();
+        let set = SentinelSet { sentinels, servers: [primary, replica], name: master_name.to_string(), reach };
         set.wait_settled(0, Duration::from_secs(30));
         set
     }
 
-    /// `redis+sentinel://` with every Sentinel's address and the master name.
+    /// `redis+sentinel://` (`rediss+sentinel://` with TLS) with every Sentinel's address and
+    /// the master name.
     pub fn url(&self) -> String {
         let addrs: Vec<String> = self.sentinels.iter().map(|s| format!("127.0.0.1:{}", s.port)).collect();
-        format!("redis+sentinel://{}/{}", addrs.join(","), self.name)
+        format!("{}+sentinel://{}/{}", self.reach.scheme(), addrs.join(","), self.name)
     }
 
     pub fn master_name(&self) -> &str {
@@ -268,11 +366,11 @@ impl SentinelSet {
                     return Err(format!("Sentinel {} reports the primary at {addr:?}, not {new_port}", s.port));
                 }
             }
-            let role = info_field(new_port, "replication", "role");
+            let role = info_field(&self.reach, new_port, "replication", "role");
             if role.as_deref() != Some("master") {
                 return Err(format!("the new primary {new_port} has role {role:?}"));
             }
-            replica_linked(old_port, new_port)
+            replica_linked(&self.reach, old_port, new_port)
         });
         self.wait_settled(1 - old, Duration::from_secs(20));
     }
@@ -312,20 +410,22 @@ struct Sentinel {
     port: u16,
     child: Child,
     _dir: tempfile::TempDir,
+    reach: Reach,
 }
 
 impl Sentinel {
-    fn start(name: &str, primary_port: u16) -> Sentinel {
+    fn start(name: &str, primary_port: u16, tls: Option<&TlsFiles>) -> Sentinel {
+        let reach = Reach::of(tls);
         for _ in 0..10 {
             let dir = tempfile::tempdir().expect("a temporary directory for a Sentinel");
             let port = free_port();
             let conf = dir.path().join("sentinel.conf");
-            std::fs::write(&conf, sentinel_conf(port, dir.path(), name, primary_port)).unwrap();
+            std::fs::write(&conf, sentinel_conf(port, dir.path(), name, primary_port, tls)).unwrap();
             let mut cmd = Command::new("redis-server");
             cmd.arg(&conf).arg("--sentinel").stdout(Stdio::null()).stderr(Stdio::null());
             let child = spawn_tied(cmd).expect("redis-server must be on PATH (it is installed by .ci/run)");
-            if let Some(child) = answering_as(child, port, "redis-server --sentinel") {
-                let sentinel = Sentinel { port, child, _dir: dir };
+            if let Some(child) = answering_as(child, &reach, port, "redis-server --sentinel") {
+                let sentinel = Sentinel { port, child, _dir: dir, reach: reach.clone() };
                 wait_for(Duration::from_secs(10), "a new Sentinel to report the primary", || {
                     match sentinel.master_addr(name) {
                         Some(p) if p == primary_port => Ok(()),
@@ -339,7 +439,7 @@ impl Sentinel {
     }
 
     fn query<T: ::redis::FromRedisValue>(&self, cmd: &mut ::redis::Cmd) -> ::redis::RedisResult<T> {
-        cmd.query(&mut connect(self.port)?)
+        cmd.query(&mut connect(&self.reach, self.port)?)
     }
 
     /// The port of the primary this Sentinel reports for `name`.
@@ -364,9 +464,22 @@ impl Drop for Sentinel {
     }
 }
 
-fn sentinel_conf(port: u16, dir: &Path, name: &str, primary_port: u16) -> String {
+fn sentinel_conf(port: u16, dir: &Path, name: &str, primary_port: u16, tls: Option<&TlsFiles>) -> String {
     let mut conf = String::new();
-    writeln!(conf, "port {port}").unwrap();
+    match tls {
+        None => writeln!(conf, "port {port}").unwrap(),
+        Some(files) => {
+            // TLS only; `tls-replication` makes the Sentinel talk TLS to the servers it
+            // monitors and to the other Sentinels (and announce its TLS port to them).
+            writeln!(conf, "port 0").unwrap();
+            writeln!(conf, "tls-port {port}").unwrap();
+            writeln!(conf, "tls-cert-file {}", files.cert.display()).unwrap();
+            writeln!(conf, "tls-key-file {}", files.key.display()).unwrap();
+            writeln!(conf, "tls-ca-cert-file {}", files.ca.display()).unwrap();
+            writeln!(conf, "tls-auth-clients no").unwrap();
+            writeln!(conf, "tls-replication yes").unwrap();
+        }
+    }
     writeln!(conf, "bind 127.0.0.1").unwrap();
     writeln!(conf, "protected-mode no").unwrap();
     writeln!(conf, "dir {}", dir.display()).unwrap();
@@ -396,6 +509,9 @@ fn healthy(entry: &[(String, String)]) -> bool {
 pub struct RedisCluster {
     nodes: Vec<RedisServer>,
     primaries: usize,
+    /// The CA file when the nodes speak TLS only, for redis-cli.
+    ca: Option<std::path::PathBuf>,
+    reach: Reach,
 }
 
 impl RedisCluster {
@@ -404,10 +520,20 @@ impl RedisCluster {
     /// and the cluster ok, and every replica is linked to its primary. Redis Cluster needs at
     /// least 3 primaries.
     pub fn start(primaries: usize, replicas_per_primary: usize) -> RedisCluster {
+        RedisCluster::start_with(primaries, replicas_per_primary, None)
+    }
+
+    /// [`start`] with TLS only: clients, replication and the cluster bus all use TLS, and
+    /// the nodes announce their TLS ports.
+    pub fn start_tls(primaries: usize, replicas_per_primary: usize, files: &TlsFiles) -> RedisCluster {
+        RedisCluster::start_with(primaries, replicas_per_primary, Some(files))
+    }
+
+    fn start_with(primaries: usize, replicas_per_primary: usize, tls: Option<&TlsFiles>) -> RedisCluster {
         assert!(primaries >= 3, "redis-cli --cluster create needs at least 3 primaries, not {primaries}");
         let nodes: Vec<RedisServer> = (0..primaries * (1 + replicas_per_primary))
             .map(|_| {
-                RedisServer::start_args(|port| {
+                RedisServer::start_args(tls, |port| {
                     // Explicit: port + 10000, the default, is past 65535 for high ports.
                     let bus = loop {
                         let bus = free_port();
@@ -426,11 +552,12 @@ impl RedisCluster {
                     .iter()
                     .map(|a| a.to_string())
                     .chain(["--cluster-port".to_string(), bus.to_string()])
+                    .chain(tls.map(|_| ["--tls-cluster".to_string(), "yes".to_string()]).into_iter().flatten())
                     .collect()
                 })
             })
             .collect();
-        let cluster = RedisCluster { nodes, primaries };
+        let cluster = RedisCluster { nodes, primaries, ca: tls.map(|f| f.ca.clone()), reach: Reach::of(tls) };
         cluster.create(replicas_per_primary);
         cluster.wait_healthy(Duration::from_secs(30));
         cluster
@@ -439,6 +566,9 @@ impl RedisCluster {
     fn create(&self, replicas_per_primary: usize) {
         let log = tempfile::NamedTempFile::new().unwrap();
         let mut cmd = Command::new("redis-cli");
+        if let Some(ca) = &self.ca {
+            cmd.arg("--tls").arg("--cacert").arg(ca);
+        }
         cmd.arg("--cluster").arg("create");
         cmd.args(self.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)));
         cmd.args(["--cluster-replicas", &replicas_per_primary.to_string(), "--cluster-yes"])
@@ -465,10 +595,10 @@ impl RedisCluster {
         );
     }
 
-    /// `redis+cluster://` with every current primary's address.
+    /// `redis+cluster://` (`rediss+cluster://` with TLS) with every current primary's address.
     pub fn url(&self) -> String {
         let addrs: Vec<String> = self.primary_ports().iter().map(|p| format!("127.0.0.1:{p}")).collect();
-        format!("redis+cluster://{}", addrs.join(","))
+        format!("{}+cluster://{}", self.reach.scheme(), addrs.join(","))
     }
 
     /// Every node's port, primaries and replicas.
@@ -521,7 +651,7 @@ impl RedisCluster {
 
     /// A plain connection to one node (no redirections followed).
     pub fn connection(&self, port: u16) -> ::redis::Connection {
-        connect(port).unwrap_or_else(|e| panic!("cannot connect to cluster node {port}: {e}"))
+        connect(&self.reach, port).unwrap_or_else(|e| panic!("cannot connect to cluster node {port}: {e}"))
     }
 
     /// `FLUSHALL` on one primary: its shard loses every key (its replicas follow).
@@ -544,7 +674,7 @@ impl RedisCluster {
         wait_for(Duration::from_secs(30), "a cluster failover to complete", || {
             // A manual failover gives up after 5 s; ask again past that.
             if sent.is_none_or(|t| t.elapsed() > Duration::from_secs(6))
-                && info_field(replica_port, "replication", "role").as_deref() != Some("master")
+                && info_field(&self.reach, replica_port, "replication", "role").as_deref() != Some("master")
             {
                 let _: () = ::redis::cmd("CLUSTER")
                     .arg("FAILOVER")
@@ -553,7 +683,7 @@ impl RedisCluster {
                 sent = Some(Instant::now());
             }
             for node in &self.nodes {
-                let view = nodes_of(node.port)?;
+                let view = nodes_of(&self.reach, node.port)?;
                 let new = view.iter().find(|n| n.port == replica_port).ok_or("the new primary is unknown")?;
                 let old = view.iter().find(|n| n.port == old_port).ok_or("the old primary is unknown")?;
                 if !new.is_primary() || new.slots.is_empty() || old.primary_id != new.id {
@@ -563,20 +693,23 @@ impl RedisCluster {
                     ));
                 }
             }
-            replica_linked(old_port, replica_port)
+            replica_linked(&self.reach, old_port, replica_port)
         });
         self.wait_healthy(Duration::from_secs(20));
     }
 
     /// The cluster's layout as the first node that answers sees it.
     fn view(&self) -> Vec<ClusterNode> {
-        self.nodes.iter().find_map(|n| nodes_of(n.port).ok()).expect("no cluster node answers CLUSTER NODES")
+        self.nodes
+            .iter()
+            .find_map(|n| nodes_of(&self.reach, n.port).ok())
+            .expect("no cluster node answers CLUSTER NODES")
     }
 
     fn query_any<T: ::redis::FromRedisValue>(&self, cmd: &mut ::redis::Cmd) -> T {
         self.nodes
             .iter()
-            .find_map(|n| connect(n.port).and_then(|mut c| cmd.query(&mut c)).ok())
+            .find_map(|n| connect(&self.reach, n.port).and_then(|mut c| cmd.query(&mut c)).ok())
             .expect("no cluster node answers")
     }
 
@@ -586,7 +719,7 @@ impl RedisCluster {
     fn wait_healthy(&self, timeout: Duration) {
         wait_for(timeout, "the cluster to be ok on every node", || {
             for node in &self.nodes {
-                let info: String = connect(node.port)
+                let info: String = connect(&self.reach, node.port)
                     .and_then(|mut c| ::redis::cmd("CLUSTER").arg("INFO").query(&mut c))
                     .map_err(|e| format!("CLUSTER INFO on {}: {e}", node.port))?;
                 for want in ["cluster_state:ok", "cluster_slots_assigned:16384", "cluster_slots_ok:16384"] {
@@ -594,7 +727,7 @@ impl RedisCluster {
                         return Err(format!("node {} lacks {want}: {info}", node.port));
                     }
                 }
-                let view = nodes_of(node.port)?;
+                let view = nodes_of(&self.reach, node.port)?;
                 let serving = view.iter().filter(|n| n.is_primary() && !n.slots.is_empty()).count();
                 let replicas = view.iter().filter(|n| n.flags.iter().any(|f| f == "slave")).count();
                 let failing = view.iter().any(|n| n.flags.iter().any(|f| f.starts_with("fail")));
@@ -614,7 +747,7 @@ impl RedisCluster {
                     .find(|n| n.flags.iter().any(|f| f == "myself"))
                     .is_some_and(|me| me.flags.iter().any(|f| f == "slave"))
                 {
-                    let link = info_field(node.port, "replication", "master_link_status");
+                    let link = info_field(&self.reach, node.port, "replication", "master_link_status");
                     if link.as_deref() != Some("up") {
                         return Err(format!("replica {} has master_link_status {link:?}", node.port));
                     }
@@ -644,8 +777,8 @@ impl ClusterNode {
 }
 
 /// `CLUSTER NODES` as the node on `port` sees it.
-fn nodes_of(port: u16) -> Result<Vec<ClusterNode>, String> {
-    let text: String = connect(port)
+fn nodes_of(reach: &Reach, port: u16) -> Result<Vec<ClusterNode>, String> {
+    let text: String = connect(reach, port)
         .and_then(|mut c| ::redis::cmd("CLUSTER").arg("NODES").query(&mut c))
         .map_err(|e| format!("CLUSTER NODES on {port}: {e}"))?;
     text.lines().filter(|l| !l.trim().is_empty()).map(parse_cluster_node).collect()
@@ -678,8 +811,8 @@ fn parse_cluster_node(line: &str) -> Result<ClusterNode, String> {
 }
 
 /// Ok once the server on `replica` is a replica of `primary` with its link up.
-fn replica_linked(replica: u16, primary: u16) -> Result<(), String> {
-    let info: String = connect(replica)
+fn replica_linked(reach: &Reach, replica: u16, primary: u16) -> Result<(), String> {
+    let info: String = connect(reach, replica)
         .and_then(|mut c| ::redis::cmd("INFO").arg("replication").query(&mut c))
         .map_err(|e| format!("INFO on {replica}: {e}"))?;
     let has = |l: &str| info.lines().any(|x| x.trim() == l);
@@ -691,15 +824,15 @@ fn replica_linked(replica: u16, primary: u16) -> Result<(), String> {
 }
 
 /// One field of `INFO section` from the server on `port`, None when it does not answer.
-fn info_field(port: u16, section: &str, name: &str) -> Option<String> {
-    let info: String = ::redis::cmd("INFO").arg(section).query(&mut connect(port).ok()?).ok()?;
+fn info_field(reach: &Reach, port: u16, section: &str, name: &str) -> Option<String> {
+    let info: String = ::redis::cmd("INFO").arg(section).query(&mut connect(reach, port).ok()?).ok()?;
     let prefix = format!("{name}:");
     info.lines().find_map(|l| l.strip_prefix(&prefix)).map(|v| v.trim().to_string())
 }
 
 /// A connection to `port` on loopback whose connect, reads and writes give up after 2 s.
-fn connect(port: u16) -> ::redis::RedisResult<::redis::Connection> {
-    let client = ::redis::Client::open(format!("redis://127.0.0.1:{port}"))?;
+fn connect(reach: &Reach, port: u16) -> ::redis::RedisResult<::redis::Connection> {
+    let client = reach.client(port)?;
     let conn = client.get_connection_with_timeout(Duration::from_secs(2))?;
     conn.set_read_timeout(Some(Duration::from_secs(2)))?;
     conn.set_write_timeout(Some(Duration::from_secs(2)))?;
@@ -708,14 +841,14 @@ fn connect(port: u16) -> ::redis::RedisResult<::redis::Connection> {
 
 /// Waits until `child` answers on `port` as itself; None when it exited first (a port it
 /// needed was taken).
-fn answering_as(mut child: Child, port: u16, what: &str) -> Option<Child> {
+fn answering_as(mut child: Child, reach: &Reach, port: u16, what: &str) -> Option<Child> {
     let pid = child.id();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         if let Ok(Some(_)) = child.try_wait() {
             return None;
         }
-        if answering_pid(port) == Some(pid) {
+        if answering_pid(reach, port) == Some(pid) {
             return Some(child);
         }
         if Instant::now() >= deadline {
@@ -732,15 +865,19 @@ fn free_port() -> u16 {
 }
 
 /// The `process_id` of the redis-server answering on `port`, if one does.
-fn answering_pid(port: u16) -> Option<u32> {
-    let client = ::redis::Client::open(format!("redis://127.0.0.1:{port}")).ok()?;
+fn answering_pid(reach: &Reach, port: u16) -> Option<u32> {
+    let client = reach.client(port).ok()?;
     let mut conn = client.get_connection_with_timeout(Duration::from_millis(200)).ok()?;
+    // Bounded: whatever took the port may accept and never answer (or never finish a TLS
+    // handshake, which happens on the first exchange).
+    conn.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+    conn.set_write_timeout(Some(Duration::from_secs(1))).ok()?;
     let info: String = ::redis::cmd("INFO").arg("server").query(&mut conn).ok()?;
     info.lines().find_map(|l| l.strip_prefix("process_id:")).and_then(|p| p.trim().parse().ok())
 }
 
-fn ping(port: u16) -> bool {
-    let Ok(client) = ::redis::Client::open(format!("redis://127.0.0.1:{port}")) else { return false };
+fn ping(reach: &Reach, port: u16) -> bool {
+    let Ok(client) = reach.client(port) else { return false };
     let Ok(mut conn) = client.get_connection_with_timeout(Duration::from_millis(200)) else { return false };
     ::redis::cmd("PING").query::<String>(&mut conn).is_ok()
 }
