@@ -414,22 +414,24 @@ impl Follower {
                     Ok::<_, redis::RedisError>((c, fields))
                 })
                 .await;
-                match answer {
+                let failed = match answer {
                     Ok(Ok((c, fields))) => {
                         *conn = Some(c);
-                        named_primary(&fields)
+                        return Ok(named_primary(&fields));
                     }
-                    _ => {
-                        // Broken or slow: connect afresh next time.
-                        *conn = None;
-                        None
-                    }
-                }
+                    Ok(Err(e)) => e.to_string(),
+                    Err(_) => format!("no answer within {timeout:?}"),
+                };
+                // Broken or slow: connect afresh next time.
+                *conn = None;
+                Err(format!("{}: {failed}", sentinel.get_connection_info().addr()))
             }
         });
         let answers = futures_util::future::join_all(asks).await;
-        let Some(primary) = believe(answers) else {
-            tracing::warn!(master = %self.master, "no Sentinel named a primary");
+        // Each Sentinel's failure, so that a wrong CA or address says so in the log.
+        let failures: Vec<String> = answers.iter().filter_map(|a| a.as_ref().err().cloned()).collect();
+        let Some(primary) = believe(answers.into_iter().map(|a| a.ok().flatten()).collect()) else {
+            tracing::warn!(master = %self.master, failures = ?failures, "no Sentinel named a primary");
             return false;
         };
         self.move_to(links, primary).await
