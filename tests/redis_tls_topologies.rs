@@ -12,8 +12,6 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use idemgate::config::RedisTls;
 use idemgate::idempotent::fingerprint::Fingerprint;
-use idemgate::idempotent::key;
-use idemgate::idempotent::scope::{self, MissingScope, ScopeSource};
 use idemgate::store::{
     Backend, Claim, Engine, Final, OwnerToken, RecordKey, RedisStore, Settled, Store, StoredResponse,
 };
@@ -31,11 +29,7 @@ const READY_WITHIN: Duration = Duration::from_secs(10);
 const REFUSED_FOR: Duration = Duration::from_secs(3);
 
 fn record(prefix: &str, name: &str) -> RecordKey {
-    let mut h = HeaderMap::new();
-    h.insert("idempotency-key", HeaderValue::from_str(name).unwrap());
-    let k = key::extract(&h, &http::HeaderName::from_static("idempotency-key"), 255).unwrap().unwrap();
-    let scope = scope::derive(&ScopeSource::Global, MissingScope::Reject, &HeaderMap::new()).unwrap();
-    RecordKey::new(prefix, "orders", &scope, &k)
+    support::record_key(prefix, name)
 }
 
 fn response(body: &str) -> StoredResponse {

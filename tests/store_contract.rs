@@ -12,7 +12,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use idemgate::idempotent::fingerprint::Fingerprint;
-use idemgate::idempotent::key;
 use idemgate::idempotent::scope::{self, MissingScope, ScopeSource};
 use idemgate::store::{
     Backend, Claim, EntryState, Final, Lease, MemoryStore, OwnerToken, QuotaKey, RecordKey, RedisStore, Renewal, Sent,
@@ -28,13 +27,8 @@ fn fp(n: u8) -> Fingerprint {
     Fingerprint::from_bytes([n; 32])
 }
 
-/// A fresh record key; `prefix` keeps tests sharing one Redis apart.
 fn record(prefix: &str, name: &str) -> RecordKey {
-    let mut h = HeaderMap::new();
-    h.insert("idempotency-key", HeaderValue::from_str(name).unwrap());
-    let k = key::extract(&h, &http::HeaderName::from_static("idempotency-key"), 255).unwrap().unwrap();
-    let scope = scope::derive(&ScopeSource::Global, MissingScope::Reject, &HeaderMap::new()).unwrap();
-    RecordKey::new(prefix, "orders", &scope, &k)
+    support::record_key(prefix, name)
 }
 
 fn response(body: &'static [u8]) -> StoredResponse {

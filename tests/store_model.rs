@@ -38,8 +38,6 @@ use std::time::{Duration, Instant as RealInstant};
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use idemgate::idempotent::fingerprint::Fingerprint;
-use idemgate::idempotent::key;
-use idemgate::idempotent::scope::{self, MissingScope, ScopeSource};
 use idemgate::store::{
     Claim, EntryState, Final, Lease, MemoryStore, OwnerToken, RecordKey, RedisStore, Renewal, Sent, Settled, Store,
     StoredResponse,
@@ -584,13 +582,7 @@ fn fingerprint(fp: u8) -> Fingerprint {
 
 /// Fresh record keys; `prefix` keeps cases sharing one Redis apart.
 fn record_keys(prefix: &str) -> [RecordKey; KEYS] {
-    std::array::from_fn(|n| {
-        let mut h = HeaderMap::new();
-        h.insert("idempotency-key", HeaderValue::from_str(&format!("key-{n}")).unwrap());
-        let k = key::extract(&h, &http::HeaderName::from_static("idempotency-key"), 255).unwrap().unwrap();
-        let scope = scope::derive(&ScopeSource::Global, MissingScope::Reject, &HeaderMap::new()).unwrap();
-        RecordKey::new(prefix, "orders", &scope, &k)
-    })
+    std::array::from_fn(|n| support::record_key(prefix, &format!("key-{n}")))
 }
 
 /// Distinct responses: statuses, repeated and opaque header values, binary bodies.

@@ -22,6 +22,18 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
 }
 
+/// The store's name for the record of Idempotency-Key `name` on route `orders`, global scope;
+/// `prefix` keeps tests sharing one Redis apart.
+pub fn record_key(prefix: &str, name: &str) -> idemgate::store::RecordKey {
+    use idemgate::idempotent::{key, scope};
+    let mut h = http::HeaderMap::new();
+    h.insert("idempotency-key", http::HeaderValue::from_str(name).unwrap());
+    let k = key::extract(&h, &http::HeaderName::from_static("idempotency-key"), 255).unwrap().unwrap();
+    let scope =
+        scope::derive(&scope::ScopeSource::Global, scope::MissingScope::Reject, &http::HeaderMap::new()).unwrap();
+    idemgate::store::RecordKey::new(prefix, "orders", &scope, &k)
+}
+
 /// Serves HTTP/1.1 and h2c on a fresh loopback port with `answer(state, request)`; returns the
 /// address. The server runs until the test's runtime ends.
 pub async fn serve_http<S, F, Fut>(state: std::sync::Arc<S>, answer: F) -> std::net::SocketAddr

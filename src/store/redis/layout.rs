@@ -83,8 +83,10 @@ pub(super) fn claim(
     fingerprint: &Fingerprint,
     owner: &OwnerToken,
 ) -> Vec<u8> {
+    use std::io::Write as _;
     let mut value = Vec::with_capacity(HEADER);
-    value.extend_from_slice(format!("p0{attempt:010}{:013}", ttl_ms.saturating_sub(lease_ms)).as_bytes());
+    // Writing to a Vec cannot fail.
+    let _ = write!(value, "p0{attempt:010}{:013}", ttl_ms.saturating_sub(lease_ms));
     value.extend_from_slice(fingerprint.as_bytes());
     value.extend_from_slice(owner.as_bytes());
     value

@@ -127,12 +127,7 @@ impl Links {
                     let settings = info.redis_settings().clone().set_password(password);
                     info = info.set_redis_settings(settings);
                 }
-                let client = match certs {
-                    Some(certs) => redis::Client::build_with_tls(info, certs),
-                    None => redis::Client::open(info),
-                }
-                .map_err(unavailable)?;
-                (node_links(client, count, timeout)?, false, None)
+                (node_links(client_for(info, certs)?, count, timeout)?, false, None)
             }
             Target::Sentinel { sentinels, master, tls, auth } => {
                 let auth = with_password(auth, password);
@@ -248,7 +243,7 @@ fn cluster_links(
 }
 
 fn node_client(url: &str, auth: &Auth, certs: Option<TlsCertificates>) -> Result<redis::Client, StoreError> {
-    let mut info = url.into_connection_info().map_err(unavailable)?;
+    let info = url.into_connection_info().map_err(unavailable)?;
     let mut settings = info.redis_settings().clone();
     if let Some(user) = &auth.username {
         settings = settings.set_username(user);
@@ -256,7 +251,11 @@ fn node_client(url: &str, auth: &Auth, certs: Option<TlsCertificates>) -> Result
     if let Some(password) = &auth.password {
         settings = settings.set_password(password);
     }
-    info = info.set_redis_settings(settings);
+    client_for(info.set_redis_settings(settings), certs)
+}
+
+/// A client for `info`, over TLS with `certs` when given (else the system roots, for TLS URLs).
+fn client_for(info: redis::ConnectionInfo, certs: Option<TlsCertificates>) -> Result<redis::Client, StoreError> {
     match certs {
         Some(certs) => redis::Client::build_with_tls(info, certs),
         None => redis::Client::open(info),
