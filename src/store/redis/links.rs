@@ -138,7 +138,8 @@ impl Links {
                     .collect::<Result<Vec<_>, _>>()?;
                 let access = NodeAccess { scheme, auth, certs };
                 let asking = vec![None; sentinels.len()];
-                let follower = Follower { sentinels, asking, access, master, count, timeout, following: None };
+                let follower =
+                    Follower { sentinels, asking, access, master, count, timeout, following: None, known_epoch: 0 };
                 (Current { links: Box::new([]), notify: Vec::new() }, false, Some(follower))
             }
             Target::Cluster { seeds, tls, auth } => {
@@ -309,6 +310,8 @@ pub(super) struct Follower {
     timeout: Duration,
     /// The primary the links lead to now.
     following: Option<Address>,
+    /// The highest config epoch a followed answer of the Sentinels had.
+    known_epoch: u64,
 }
 
 /// A `+switch-master` announcement: the primary moved from `old` to `new`.
@@ -429,11 +432,21 @@ impl Follower {
         let answers = futures_util::future::join_all(asks).await;
         // Each Sentinel's failure, so that a wrong CA or address says so in the log.
         let failures: Vec<String> = answers.iter().filter_map(|a| a.as_ref().err().cloned()).collect();
-        let Some(primary) = believe(answers.into_iter().map(|a| a.ok().flatten()).collect()) else {
+        let Some((epoch, primary)) = believe(answers.into_iter().map(|a| a.ok().flatten()).collect()) else {
             tracing::warn!(master = %self.master, failures = ?failures, "no Sentinel named a primary");
             return false;
         };
-        self.move_to(links, primary).await
+        if stale(self.following.as_ref(), self.known_epoch, epoch, &primary) {
+            // The Sentinel that ran the latest failover did not answer (slow, or cut off), and
+            // the others have not heard of it yet: they name the old primary, which still
+            // answers as one until it is demoted. Going back there would lose writes.
+            return true;
+        }
+        let moved = self.move_to(links, primary).await;
+        if moved {
+            self.known_epoch = self.known_epoch.max(epoch);
+        }
+        moved
     }
 
     /// Leads the links to `client`, the primary at `primary`.
@@ -455,14 +468,21 @@ impl Follower {
 
 /// The primary named with the highest config epoch (the latest failover's); the first such
 /// answer on a tie.
-fn believe(answers: Vec<Option<(u64, Address)>>) -> Option<Address> {
+fn believe(answers: Vec<Option<(u64, Address)>>) -> Option<(u64, Address)> {
     let mut best: Option<(u64, Address)> = None;
     for (epoch, primary) in answers.into_iter().flatten() {
         if best.as_ref().is_none_or(|(e, _)| epoch > *e) {
             best = Some((epoch, primary));
         }
     }
-    best.map(|(_, primary)| primary)
+    best
+}
+
+/// Whether the Sentinels' answer (`epoch`, `primary`) is older than what the links follow: it
+/// names another primary with no newer config epoch than the last answer followed. (A move on a
+/// `+switch-master` leaves `known_epoch` at the epoch before that failover.)
+fn stale(following: Option<&Address>, known_epoch: u64, epoch: u64, primary: &Address) -> bool {
+    following.is_some_and(|f| f != primary) && epoch <= known_epoch
 }
 
 /// The primary and its config epoch from a `SENTINEL MASTER` reply (name/value pairs), unless
@@ -557,9 +577,16 @@ mod tests {
         let (a, b) = (Address { host: "a".into(), port: 1 }, Address { host: "b".into(), port: 2 });
         // The first Sentinel still names the old primary, which still answers as one.
         let answers = vec![Some((5, a.clone())), None, Some((6, b.clone())), Some((5, a.clone()))];
-        assert_eq!(believe(answers), Some(b));
-        assert_eq!(believe(vec![Some((5, a.clone())), Some((5, Address { host: "c".into(), port: 3 }))]), Some(a));
+        assert_eq!(believe(answers), Some((6, b.clone())));
+        let c = Address { host: "c".into(), port: 3 };
+        assert_eq!(believe(vec![Some((5, a.clone())), Some((5, c))]), Some((5, a.clone())));
         assert_eq!(believe(vec![None, None]), None);
+        // Followed b on its announcement (epoch 5 known before it): the leader is silent and
+        // the rest still name a at epoch 5. Stale; a later failover (epoch 7) is not.
+        assert!(stale(Some(&b), 5, 5, &a));
+        assert!(!stale(Some(&b), 5, 7, &a));
+        assert!(!stale(Some(&b), 5, 6, &b));
+        assert!(!stale(None, 0, 5, &a));
     }
 
     #[test]
