@@ -122,13 +122,14 @@ impl Peer {
     }
 }
 
-/// Sets the forwarding headers of a request on its way upstream. `host` is the Host (or
-/// `:authority`) the client asked for; the scheme is the one the peer used.
+/// Readies a request's headers for the upstream: removes, in one scan, the hop-by-hop
+/// headers and (from a peer that is not a trusted proxy) every forwarding header the client
+/// sent about itself, then sets the forwarding headers. `host` is the Host (or `:authority`)
+/// the client asked for; the scheme is the one the peer used.
 pub fn apply(headers: &mut HeaderMap, peer: &Peer, host: Option<&HeaderValue>) {
     let proto = peer.proto;
-    if !peer.trusted {
-        drop_client_claims(headers);
-    }
+    let untrusted = !peer.trusted;
+    crate::headers::strip(headers, |name| untrusted && is_client_claim(name));
     let chained = headers
         .get(&X_FORWARDED_FOR)
         .and_then(|v| v.to_str().ok())
@@ -164,16 +165,9 @@ pub fn apply(headers: &mut HeaderMap, peer: &Peer, host: Option<&HeaderValue>) {
     }
 }
 
-/// Removes every forwarding header a client could have sent about itself.
-fn drop_client_claims(headers: &mut HeaderMap) {
-    let claims: Vec<HeaderName> = headers
-        .keys()
-        .filter(|name| *name == header::FORWARDED || *name == X_REAL_IP || name.as_str().starts_with("x-forwarded-"))
-        .cloned()
-        .collect();
-    for name in claims {
-        headers.remove(name);
-    }
+/// Whether `name` is a forwarding header, which a client could send about itself.
+fn is_client_claim(name: &HeaderName) -> bool {
+    name == header::FORWARDED || name == X_REAL_IP || name.as_str().starts_with("x-forwarded-")
 }
 
 /// Whether a Host value can stand unquoted in a `Forwarded` element (RFC 7239 §4).

@@ -23,7 +23,6 @@ use thiserror::Error;
 use crate::body::Body;
 use crate::config::UpstreamConfig;
 use crate::forwarded::{self, Peer};
-use crate::headers;
 use crate::store::Sent;
 
 /// Why an exchange with the upstream failed.
@@ -137,18 +136,16 @@ impl Upstream {
 
     /// Turns the client's request head into the upstream's: target URI, headers.
     pub fn prepare(&self, parts: &mut request::Parts, peer: &Peer) {
+        // Host names the upstream; the client's Host travels as X-Forwarded-Host.
         let original_host: Option<HeaderValue> = parts
             .headers
-            .get(http::header::HOST)
-            .cloned()
+            .remove(http::header::HOST)
             .or_else(|| parts.uri.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()));
         parts.uri = self.target(&parts.uri);
         // The connection to the upstream is ours: HTTP/1.1 framing, or h2 if ALPN agrees,
         // whatever the client spoke to us.
         parts.version = Version::HTTP_11;
-        headers::strip_hop_by_hop(&mut parts.headers);
-        // Host names the upstream; the client's Host travels as X-Forwarded-Host.
-        parts.headers.remove(http::header::HOST);
+        // Hop-by-hop headers go in the same scan.
         forwarded::apply(&mut parts.headers, peer, original_host.as_ref());
     }
 
