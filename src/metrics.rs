@@ -313,11 +313,11 @@ impl Metrics {
         );
     }
 
-    /// Exposes the count of commands sent to Redis (Redis only).
+    /// Exposes the count of round trips to Redis (Redis only).
     pub fn register_store_commands(&mut self, counter: Counter) {
         self.registry.register(
             "store_commands",
-            "Commands this gateway sent to Redis, each one round trip (the commands a script runs inside Redis are not counted)",
+            "Round trips this gateway made to Redis: one command, or the pipelined side-key write and settle of a large response (the commands a script runs inside Redis are not counted)",
             counter,
         );
     }

@@ -101,6 +101,39 @@ async fn completed_response_is_replayed_exactly(store: Backend, p: String) {
     }
 }
 
+/// A response past the size the Redis store settles through a side key (16 KiB).
+fn large_response(fill: u8) -> StoredResponse {
+    let mut body = vec![fill; 200 * 1024];
+    body[..10].copy_from_slice(b"\x00\xff\r\n large");
+    StoredResponse { body: Bytes::from(body), ..response(b"") }
+}
+
+async fn a_large_response_is_kept_whole_and_only_by_its_owner(store: Backend, p: String) {
+    let k = record(&p, "a");
+    let stale = acquire(&store, &k, fp(1), Duration::from_millis(100)).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let fresh = acquire(&store, &k, fp(1), LEASE).await;
+    assert_eq!(complete(&store, stale, &large_response(b's'), RETENTION).await, Settled::Lost);
+    assert!(matches!(claim(&store, &k, fp(1)).await, Claim::InFlight { .. }), "the fresh claim still holds");
+    let retention = RETENTION * 2;
+    assert_eq!(complete(&store, fresh, &large_response(b'f'), retention).await, Settled::Done);
+    for _ in 0..2 {
+        match claim(&store, &k, fp(1)).await {
+            Claim::Completed(r) => assert!(r == large_response(b'f'), "the fresh owner's response, byte for byte"),
+            other => panic!("expected Completed, got {other:?}"),
+        }
+    }
+    assert!(matches!(claim(&store, &k, fp(2)).await, Claim::Mismatch));
+    let entry = store.get(&k).await.unwrap().unwrap();
+    assert_eq!(entry.attempt, 2);
+    assert!(
+        matches!(entry.state, EntryState::Completed { status: 201, body_len } if body_len == 200 * 1024),
+        "{:?}",
+        entry.state
+    );
+    assert!(entry.expires_in > TTL && entry.expires_in <= retention, "kept for its retention: {:?}", entry.expires_in);
+}
+
 async fn release_keeps_the_attempt_and_lets_any_request_run(store: Backend, p: String) {
     let k = record(&p, "a");
     let lease = acquire(&store, &k, fp(1), LEASE).await;
@@ -366,6 +399,7 @@ contract!(
     live_claim_reports_in_flight_with_lease_left,
     different_fingerprint_is_mismatch_while_in_flight_and_after,
     completed_response_is_replayed_exactly,
+    a_large_response_is_kept_whole_and_only_by_its_owner,
     release_keeps_the_attempt_and_lets_any_request_run,
     a_first_attempt_released_unsent_leaves_nothing,
     an_unknown_outcome_refuses_retries_until_purged,
@@ -506,6 +540,31 @@ async fn redis_key_names_never_contain_client_input() {
     // The record, and the epoch marker that detects data loss.
     assert_eq!(names, vec![format!("{prefix}:epoch"), k.as_str().to_owned()]);
     assert!(!names[1].contains("secret") && !names[1].contains('{'));
+}
+
+/// Redis-only: a large response travels through a side key, which never outlives its settle:
+/// renamed over the record when the claim is still the owner's, deleted when it is not.
+#[tokio::test]
+async fn redis_a_large_response_leaves_no_side_key() {
+    let server = RedisServer::shared();
+    let prefix = support::unique("aside");
+    let store = RedisStore::new(&server.url(), 2, Duration::from_secs(2), &prefix).unwrap();
+    let store = Backend::new(idemgate::store::Engine::Redis(store));
+    let k = record(&prefix, "a");
+    let stale = acquire(&store, &k, fp(1), Duration::from_millis(100)).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let fresh = acquire(&store, &k, fp(1), LEASE).await;
+    let mut conn = server.connection();
+    let mut names = || {
+        let mut names: Vec<String> = ::redis::cmd("KEYS").arg(format!("*{prefix}*")).query(&mut conn).unwrap();
+        names.sort();
+        names
+    };
+    let only_the_record = vec![format!("{prefix}:epoch"), k.as_str().to_owned()];
+    assert_eq!(complete(&store, stale, &large_response(b's'), RETENTION).await, Settled::Lost);
+    assert_eq!(names(), only_the_record, "a lost claim's side key is deleted");
+    assert_eq!(complete(&store, fresh, &large_response(b'f'), RETENTION).await, Settled::Done);
+    assert_eq!(names(), only_the_record, "the owner's side key became the record");
 }
 
 /// Redis-only: a script flushed from Redis (restart, failover) is reloaded transparently.

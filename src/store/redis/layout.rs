@@ -22,7 +22,7 @@ use crate::idempotent::fingerprint::Fingerprint;
 use crate::store::{OwnerToken, StoreError};
 
 /// Bytes before the stored response.
-const HEADER: usize = 73;
+pub(super) const HEADER: usize = 73;
 const FINGERPRINT: std::ops::Range<usize> = 25..57;
 
 /// A record's state, from its first byte.

@@ -1,9 +1,10 @@
 -- End a claim with its outcome, if the claim is still ours.
 --
 -- KEYS[1]  record key
+-- KEYS[2]  (for a large response) the side key that holds it, behind room for the header
 -- ARGV[1]  owner token
 -- ARGV[2]  final state: "c" completed, "x" executed (body not stored), "u" outcome unknown
--- ARGV[3]  encoded response ("c": whole; "x": status and headers; "u": empty)
+-- ARGV[3]  encoded response ("c": whole; "x": status and headers; "u", or in KEYS[2]: empty)
 -- ARGV[4]  retention, ms
 -- ARGV[5]  notification channel
 --
@@ -13,17 +14,31 @@
 -- Reply: 1 settled, 0 lost
 
 local key = KEYS[1]
+local aside = KEYS[2]
 local v = redis.call('GET', key)
 if not v or string.sub(v, 1, 1) ~= 'p' or string.sub(v, 58, 73) ~= ARGV[1] then
+  if aside then
+    redis.call('DEL', aside)
+  end
   return 0
 end
--- The header, then the response appended to it: concatenating them in Lua would copy the
--- response once more and leave a garbage string of its size behind.
-redis.call('SET', key,
-  ARGV[2] .. '0' .. string.sub(v, 3, 12) .. string.rep('0', 13) .. string.sub(v, 26, 57) .. string.rep('\0', 16),
-  'PX', ARGV[4])
-if ARGV[3] ~= '' then
-  redis.call('APPEND', key, ARGV[3])
+local header = ARGV[2] .. '0' .. string.sub(v, 3, 12) .. string.rep('0', 13) .. string.sub(v, 26, 57) .. string.rep('\0', 16)
+if aside then
+  -- The response is already in Redis: the header goes into the room left for it (in place),
+  -- and the side key becomes the record. Neither copies the response.
+  if redis.call('STRLEN', aside) <= #header then
+    return redis.error_reply('the side key of ' .. key .. ' holds no response')
+  end
+  redis.call('SETRANGE', aside, 0, header)
+  redis.call('RENAME', aside, key)
+  redis.call('PEXPIRE', key, ARGV[4])
+else
+  -- The header, then the response appended to it: concatenating them in Lua would copy the
+  -- response once more and leave a garbage string of its size behind.
+  redis.call('SET', key, header, 'PX', ARGV[4])
+  if ARGV[3] ~= '' then
+    redis.call('APPEND', key, ARGV[3])
+  end
 end
 if string.sub(v, 2, 2) == '1' then
   redis.call('PUBLISH', ARGV[5], key)
