@@ -43,7 +43,10 @@ pub mod defaults {
     pub const H2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
     pub const PROBLEM_BASE: &str = "https://github.com/idemgate/idemgate/blob/main/docs/errors.md#";
     pub const STORE_TIMEOUT: Duration = Duration::from_secs(1);
-    pub const CONNECTIONS: usize = 2;
+    /// One multiplexed connection pipelines every concurrent call into shared writes; more
+    /// split those batches (more syscalls on both ends) and add no parallelism to a Redis
+    /// that runs commands on one thread.
+    pub const CONNECTIONS: usize = 1;
     pub const KEY_PREFIX: &str = "idemgate";
     pub const MAX_ENTRIES: usize = 100_000;
     pub const MAX_BYTES: u64 = 256 << 20;
