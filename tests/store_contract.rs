@@ -525,13 +525,19 @@ async fn cluster_data_loss_is_detected_per_shard() {
     drop(store);
 }
 
+/// A store on this binary's shared Redis under `prefix`, for the Redis-only tests below.
+fn on_shared_redis(server: &RedisServer, prefix: &str) -> Backend {
+    Backend::new(idemgate::store::Engine::Redis(
+        RedisStore::new(&server.url(), 2, Duration::from_secs(2), prefix).unwrap(),
+    ))
+}
+
 /// Redis-only: records live under hashed names; neither the key nor the caller appears.
 #[tokio::test]
 async fn redis_key_names_never_contain_client_input() {
     let server = RedisServer::shared();
     let prefix = support::unique("names");
-    let store = RedisStore::new(&server.url(), 2, Duration::from_secs(2), &prefix).unwrap();
-    let store = Backend::new(idemgate::store::Engine::Redis(store));
+    let store = on_shared_redis(server, &prefix);
     let k = record(&prefix, "\"user-secret-key{slot}\"");
     let _lease = acquire(&store, &k, fp(1), LEASE).await;
     let mut conn = server.connection();
@@ -549,8 +555,7 @@ async fn redis_key_names_never_contain_client_input() {
 async fn redis_a_large_response_leaves_no_side_key() {
     let server = RedisServer::shared();
     let prefix = support::unique("aside");
-    let store = RedisStore::new(&server.url(), 2, Duration::from_secs(2), &prefix).unwrap();
-    let store = Backend::new(idemgate::store::Engine::Redis(store));
+    let store = on_shared_redis(server, &prefix);
     let k = record(&prefix, "a");
     let stale = acquire(&store, &k, fp(1), Duration::from_millis(100)).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -576,9 +581,7 @@ async fn redis_a_large_response_leaves_no_side_key() {
 async fn redis_reloads_scripts_after_script_flush() {
     let server = RedisServer::shared();
     let prefix = support::unique("noscript");
-    let store = Backend::new(idemgate::store::Engine::Redis(
-        RedisStore::new(&server.url(), 2, Duration::from_secs(2), &prefix).unwrap(),
-    ));
+    let store = on_shared_redis(server, &prefix);
     let _ = acquire(&store, &record(&prefix, "a"), fp(1), LEASE).await;
     let mut conn = server.connection();
     let _: () = ::redis::cmd("SCRIPT").arg("FLUSH").query(&mut conn).unwrap();
