@@ -64,6 +64,13 @@ async fn release(store: &Backend, lease: Lease, sent: Sent) -> Settled {
     store.release(&key, owner, sent, ttl).await.unwrap()
 }
 
+/// A claim whose short lease passed, and the claim that took it over.
+async fn taken_over(store: &Backend, key: &RecordKey) -> (Lease, Lease) {
+    let stale = acquire(store, key, fp(1), Duration::from_millis(100)).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    (stale, acquire(store, key, fp(1), LEASE).await)
+}
+
 // ---- scenarios -------------------------------------------------------------------------
 
 async fn absent_key_is_acquired_as_attempt_one(store: Backend, p: String) {
@@ -110,9 +117,7 @@ fn large_response(fill: u8) -> StoredResponse {
 
 async fn a_large_response_is_kept_whole_and_only_by_its_owner(store: Backend, p: String) {
     let k = record(&p, "a");
-    let stale = acquire(&store, &k, fp(1), Duration::from_millis(100)).await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let fresh = acquire(&store, &k, fp(1), LEASE).await;
+    let (stale, fresh) = taken_over(&store, &k).await;
     assert_eq!(complete(&store, stale, &large_response(b's'), RETENTION).await, Settled::Lost);
     assert!(matches!(claim(&store, &k, fp(1)).await, Claim::InFlight { .. }), "the fresh claim still holds");
     let retention = RETENTION * 2;
@@ -193,9 +198,7 @@ async fn a_claim_whose_reply_was_lost_is_released_by_its_owner(store: Backend, p
 
 async fn expired_lease_is_taken_over_and_the_stale_owner_is_locked_out(store: Backend, p: String) {
     let k = record(&p, "a");
-    let stale = acquire(&store, &k, fp(1), Duration::from_millis(100)).await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let fresh = acquire(&store, &k, fp(1), LEASE).await;
+    let (stale, fresh) = taken_over(&store, &k).await;
     assert_eq!(fresh.attempt(), 2);
     // The stale owner can no longer touch the record.
     assert_eq!(store.renew(&stale).await.unwrap(), Renewal::Lost);
@@ -210,9 +213,7 @@ async fn expired_lease_is_taken_over_and_the_stale_owner_is_locked_out(store: Ba
 
 async fn stale_owner_cannot_release_the_new_claim(store: Backend, p: String) {
     let k = record(&p, "a");
-    let stale = acquire(&store, &k, fp(1), Duration::from_millis(100)).await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let _fresh = acquire(&store, &k, fp(1), LEASE).await;
+    let (stale, _fresh) = taken_over(&store, &k).await;
     assert_eq!(release(&store, stale, Sent::Maybe).await, Settled::Lost);
     assert!(matches!(claim(&store, &k, fp(1)).await, Claim::InFlight { .. }));
 }
@@ -532,6 +533,13 @@ fn on_shared_redis(server: &RedisServer, prefix: &str) -> Backend {
     ))
 }
 
+/// The shared Redis's key names matching `pattern`, sorted.
+fn key_names(server: &RedisServer, pattern: &str) -> Vec<String> {
+    let mut names: Vec<String> = ::redis::cmd("KEYS").arg(pattern).query(&mut server.connection()).unwrap();
+    names.sort();
+    names
+}
+
 /// Redis-only: records live under hashed names; neither the key nor the caller appears.
 #[tokio::test]
 async fn redis_key_names_never_contain_client_input() {
@@ -540,9 +548,7 @@ async fn redis_key_names_never_contain_client_input() {
     let store = on_shared_redis(server, &prefix);
     let k = record(&prefix, "\"user-secret-key{slot}\"");
     let _lease = acquire(&store, &k, fp(1), LEASE).await;
-    let mut conn = server.connection();
-    let mut names: Vec<String> = ::redis::cmd("KEYS").arg(format!("{prefix}*")).query(&mut conn).unwrap();
-    names.sort();
+    let names = key_names(server, &format!("{prefix}*"));
     // The record, and the epoch marker that detects data loss.
     assert_eq!(names, vec![format!("{prefix}:epoch"), k.as_str().to_owned()]);
     assert!(!names[1].contains("secret") && !names[1].contains('{'));
@@ -557,15 +563,8 @@ async fn redis_a_large_response_leaves_no_side_key() {
     let prefix = support::unique("aside");
     let store = on_shared_redis(server, &prefix);
     let k = record(&prefix, "a");
-    let stale = acquire(&store, &k, fp(1), Duration::from_millis(100)).await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let fresh = acquire(&store, &k, fp(1), LEASE).await;
-    let mut conn = server.connection();
-    let mut names = || {
-        let mut names: Vec<String> = ::redis::cmd("KEYS").arg(format!("*{prefix}*")).query(&mut conn).unwrap();
-        names.sort();
-        names
-    };
+    let (stale, fresh) = taken_over(&store, &k).await;
+    let names = || key_names(server, &format!("*{prefix}*"));
     let only_the_record = vec![format!("{prefix}:epoch"), k.as_str().to_owned()];
     assert_eq!(complete(&store, stale, &large_response(b's'), RETENTION).await, Settled::Lost);
     assert_eq!(names(), only_the_record, "a lost claim's side key is deleted");
