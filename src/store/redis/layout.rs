@@ -14,7 +14,7 @@
 //! The lease lives while PTTL > mark, so lease and record share Redis's own expiry clock and
 //! no field holds a wall-clock time: a gateway's clock never matters, and the native claim can
 //! write the mark (`ttl - lease`) without knowing Redis's time. The Lua scripts in `lua/`
-//! read and write the same layout.
+//! read and write the same layout through `lua/record.lua`, which starts each of them.
 
 use bytes::Bytes;
 

@@ -84,13 +84,20 @@ impl Scripts {
     }
 
     fn new() -> Self {
+        // Scripts that read or write a record start with `record.lua`, the layout's one
+        // description on the Lua side (offsets, header, tombstone).
+        macro_rules! on_records {
+            ($file:literal) => {
+                Lua::new(concat!(include_str!("lua/record.lua"), include_str!($file)))
+            };
+        }
         Self {
-            claim: Lua::new(include_str!("lua/claim.lua")),
-            renew: Lua::new(include_str!("lua/renew.lua")),
-            settle: Lua::new(include_str!("lua/settle.lua")),
-            release: Lua::new(include_str!("lua/release.lua")),
-            purge: Lua::new(include_str!("lua/purge.lua")),
-            inspect: Lua::new(include_str!("lua/inspect.lua")),
+            claim: on_records!("lua/claim.lua"),
+            renew: on_records!("lua/renew.lua"),
+            settle: on_records!("lua/settle.lua"),
+            release: on_records!("lua/release.lua"),
+            purge: on_records!("lua/purge.lua"),
+            inspect: on_records!("lua/inspect.lua"),
             quota: Lua::new(include_str!("lua/quota.lua")),
         }
     }

@@ -9,10 +9,10 @@ local v = redis.call('GET', key)
 if not v then
   return {}
 end
-local state = string.sub(v, 1, 1)
+local state = string.sub(v, STATE, STATE)
 local ttl = redis.call('PTTL', key)
 local left = 0
 if state == 'p' then
-  left = math.max(0, ttl - tonumber(string.sub(v, 13, 25)))
+  left = math.max(0, ttl - tonumber(string.sub(v, MARK_FROM, MARK_TO)))
 end
-return {state, tonumber(string.sub(v, 3, 12)), left, ttl, string.sub(v, 74)}
+return {state, tonumber(string.sub(v, ATTEMPT_FROM, ATTEMPT_TO)), left, ttl, string.sub(v, RESPONSE_FROM)}

@@ -9,9 +9,10 @@
 
 local key = KEYS[1]
 local v = redis.call('GET', key)
-if not v or string.sub(v, 1, 1) == 'r' then
+if not v or string.sub(v, STATE, STATE) == 'r' then
   return ''
 end
-redis.call('SET', key, 'r0' .. string.sub(v, 3, 12) .. string.rep('0', 13) .. string.rep('\0', 48), 'KEEPTTL')
+local attempt = tonumber(string.sub(v, ATTEMPT_FROM, ATTEMPT_TO))
+redis.call('SET', key, header('r', false, attempt, 0, NO_FINGERPRINT, NOBODY), 'KEEPTTL')
 redis.call('PUBLISH', ARGV[1], key)
-return string.sub(v, 1, 1)
+return string.sub(v, STATE, STATE)

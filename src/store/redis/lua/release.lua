@@ -14,20 +14,19 @@
 
 local key = KEYS[1]
 local v = redis.call('GET', key)
-if not v or string.sub(v, 1, 1) ~= 'p' or string.sub(v, 58, 73) ~= ARGV[1] then
+if not v or string.sub(v, STATE, STATE) ~= 'p' or string.sub(v, OWNER_FROM, OWNER_TO) ~= ARGV[1] then
   return 0
 end
-local attempt = tonumber(string.sub(v, 3, 12))
+local attempt = tonumber(string.sub(v, ATTEMPT_FROM, ATTEMPT_TO))
 if ARGV[2] ~= '1' then
   attempt = attempt - 1
 end
 if attempt > 0 then
-  redis.call('SET', key, 'r0' .. string.format('%010d', attempt) .. string.rep('0', 13) .. string.rep('\0', 48),
-    'PX', ARGV[3])
+  redis.call('SET', key, header('r', false, attempt, 0, NO_FINGERPRINT, NOBODY), 'PX', ARGV[3])
 else
   redis.call('DEL', key)
 end
-if string.sub(v, 2, 2) == '1' then
+if string.sub(v, WAITER, WAITER) == '1' then
   redis.call('PUBLISH', ARGV[4], key)
 end
 return 1

@@ -12,7 +12,7 @@
 
 local key = KEYS[1]
 local v = redis.call('GET', key)
-if not v or string.sub(v, 1, 1) ~= 'p' or string.sub(v, 58, 73) ~= ARGV[1] then
+if not v or string.sub(v, STATE, STATE) ~= 'p' or string.sub(v, OWNER_FROM, OWNER_TO) ~= ARGV[1] then
   return 0
 end
 local lease = tonumber(ARGV[2])
@@ -22,5 +22,7 @@ if left < lease then
   left = tonumber(ARGV[3])
   redis.call('PEXPIRE', key, left)
 end
-redis.call('SET', key, string.sub(v, 1, 12) .. string.format('%013d', left - lease) .. string.sub(v, 26), 'KEEPTTL')
+-- Only the lease mark changes.
+local mark = string.format('%013d', left - lease)
+redis.call('SET', key, string.sub(v, 1, ATTEMPT_TO) .. mark .. string.sub(v, FINGERPRINT_FROM), 'KEEPTTL')
 return 1

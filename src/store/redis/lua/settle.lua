@@ -16,31 +16,32 @@
 local key = KEYS[1]
 local aside = KEYS[2]
 local v = redis.call('GET', key)
-if not v or string.sub(v, 1, 1) ~= 'p' or string.sub(v, 58, 73) ~= ARGV[1] then
+if not v or string.sub(v, STATE, STATE) ~= 'p' or string.sub(v, OWNER_FROM, OWNER_TO) ~= ARGV[1] then
   if aside then
     redis.call('DEL', aside)
   end
   return 0
 end
-local header = ARGV[2] .. '0' .. string.sub(v, 3, 12) .. string.rep('0', 13) .. string.sub(v, 26, 57) .. string.rep('\0', 16)
+local settled = header(ARGV[2], false, tonumber(string.sub(v, ATTEMPT_FROM, ATTEMPT_TO)), 0,
+  string.sub(v, FINGERPRINT_FROM, FINGERPRINT_TO), NOBODY)
 if aside then
   -- The response is already in Redis: the header goes into the room left for it (in place),
   -- and the side key becomes the record. Neither copies the response.
-  if redis.call('STRLEN', aside) <= #header then
+  if redis.call('STRLEN', aside) <= #settled then
     return redis.error_reply('the side key of ' .. key .. ' holds no response')
   end
-  redis.call('SETRANGE', aside, 0, header)
+  redis.call('SETRANGE', aside, 0, settled)
   redis.call('RENAME', aside, key)
   redis.call('PEXPIRE', key, ARGV[4])
 else
   -- The header, then the response appended to it: concatenating them in Lua would copy the
   -- response once more and leave a garbage string of its size behind.
-  redis.call('SET', key, header, 'PX', ARGV[4])
+  redis.call('SET', key, settled, 'PX', ARGV[4])
   if ARGV[3] ~= '' then
     redis.call('APPEND', key, ARGV[3])
   end
 end
-if string.sub(v, 2, 2) == '1' then
+if string.sub(v, WAITER, WAITER) == '1' then
   redis.call('PUBLISH', ARGV[5], key)
 end
 return 1
