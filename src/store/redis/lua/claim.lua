@@ -12,6 +12,8 @@
 --
 -- Replies: {"acquired", attempt} | {"completed", response} | {"executed", response}
 --        | {"unknown", attempt} | {"inflight", ms left} | {"mismatch"}
+--
+-- record.lua comes before this text: the record's positions, its header() and its states.
 
 local key = KEYS[1]
 local lease = tonumber(ARGV[3])

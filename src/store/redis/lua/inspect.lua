@@ -3,6 +3,8 @@
 -- KEYS[1]  record key
 --
 -- Reply: {} when absent, else {state, attempt, lease ms left, ttl ms, response or ""}
+--
+-- record.lua comes before this text: the record's positions, its header() and its states.
 
 local key = KEYS[1]
 local v = redis.call('GET', key)

@@ -6,6 +6,8 @@
 -- ARGV[1]  notification channel
 --
 -- Reply: the state that was released ("p", "c", "x", "u"), or "" when there was none
+--
+-- record.lua comes before this text: the record's positions, its header() and its states.
 
 local key = KEYS[1]
 local v = redis.call('GET', key)

@@ -11,6 +11,8 @@
 -- is announced upstream as attempt + 1; an attempt that never left gives its number back.
 --
 -- Reply: 1 released, 0 lost
+--
+-- record.lua comes before this text: the record's positions, its header() and its states.
 
 local key = KEYS[1]
 local v = redis.call('GET', key)

@@ -6,9 +6,11 @@
 -- ARGV[3]  ttl of an open claim, ms
 --
 -- The new lease ends `lease` from now: at the record's PTTL minus `lease` (the lease mark,
--- see claim.lua). A record that would expire before the lease gets its ttl again first.
+-- see record.lua). A record that would expire before the lease gets its ttl again first.
 --
 -- Reply: 1 renewed, 0 lost (taken over, completed by another owner, purged or expired)
+--
+-- record.lua comes before this text: the record's positions, its header() and its states.
 
 local key = KEYS[1]
 local v = redis.call('GET', key)

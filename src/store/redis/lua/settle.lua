@@ -12,6 +12,8 @@
 -- mark and the owner are cleared.
 --
 -- Reply: 1 settled, 0 lost
+--
+-- record.lua comes before this text: the record's positions, its header() and its states.
 
 local key = KEYS[1]
 local aside = KEYS[2]
