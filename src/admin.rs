@@ -35,12 +35,11 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::body::{self, Body};
-use crate::error::admin_problem;
+use crate::error::Problem;
 use crate::gateway::Gateway;
-use crate::idempotent::key;
-use crate::idempotent::scope::{self, MissingScope, Scope};
+use crate::policy::scope::{MissingScope, Scope};
 use crate::reload::Live;
-use crate::store::{EntryState, RecordKey, Store};
+use crate::store::{EntryState, Store, StoreError};
 
 /// The admin service's shared state.
 #[derive(Clone)]
@@ -100,7 +99,7 @@ async fn handle(admin: &Admin, draining: &CancellationToken, request: Request<In
             if draining.is_cancelled() {
                 return text(StatusCode::SERVICE_UNAVAILABLE, "draining\n");
             }
-            match gw.store.ping().await {
+            match gw.runtime().store.ping().await {
                 Ok(()) => text(StatusCode::OK, "ready\n"),
                 Err(e) => {
                     tracing::warn!(error = %e, "readiness check: store unavailable");
@@ -109,7 +108,7 @@ async fn handle(admin: &Admin, draining: &CancellationToken, request: Request<In
             }
         }
         (&Method::GET, "/metrics") => {
-            let mut r = Response::new(body::full(gw.metrics.encode()));
+            let mut r = Response::new(body::full(gw.runtime().metrics.encode()));
             r.headers_mut().insert(
                 header::CONTENT_TYPE,
                 HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
@@ -215,17 +214,14 @@ async fn keys(gw: &Gateway, query: &str, headers: &HeaderMap, delete: bool) -> R
     let (Some(route_name), Some(key_value)) = (route_name, key_value) else {
         return bad("Give route and key as query parameters.");
     };
-    let Some((route, policy)) = gw.route(&route_name).and_then(|r| r.policy.as_ref().map(|p| (r, p))) else {
+    let Some(route) = gw.idempotent_route(&route_name) else {
         return bad("No idempotent route has that name.");
     };
+    let policy = &route.policy;
     let Ok(key_header) = HeaderValue::from_str(&key_value) else {
         return bad("The key holds characters a header cannot carry.");
     };
-    let key = match key::extract(
-        &HeaderMap::from_iter([(policy.header.clone(), key_header)]),
-        &policy.header,
-        policy.max_key_len,
-    ) {
+    let key = match policy.key(&HeaderMap::from_iter([(policy.header.clone(), key_header)])) {
         Ok(Some(k)) => k,
         Ok(None) => return bad("Give a key."),
         Err(e) => return bad(&e.to_string()),
@@ -250,14 +246,14 @@ async fn keys(gw: &Gateway, query: &str, headers: &HeaderMap, delete: bool) -> R
                     caller.append(name.clone(), value.clone());
                 }
             }
-            match scope::derive(&policy.scope, MissingScope::Anonymous, &caller) {
+            match policy.scope(&caller, MissingScope::Anonymous) {
                 Ok(scope) => scope,
                 Err(e) => return bad(&e.to_string()),
             }
         }
     };
-    let record = RecordKey::new(&gw.key_prefix, &route.name, &scope, &key);
-    let unavailable = |e: crate::store::StoreError| {
+    let record = gw.runtime().record_key(&route.name, &scope, &key);
+    let unavailable = |e: StoreError| {
         tracing::warn!(error = %e, "admin: store unavailable");
         problem(
             gw,
@@ -268,7 +264,7 @@ async fn keys(gw: &Gateway, query: &str, headers: &HeaderMap, delete: bool) -> R
         )
     };
     if delete {
-        return match gw.store.purge(&record).await {
+        return match gw.runtime().store.purge(&record).await {
             Ok(released) => {
                 tracing::info!(route = %route.name, key = record.short(), released, "admin release");
                 json_response(StatusCode::OK, &json!({ "released": released.is_some(), "was": released }))
@@ -276,7 +272,7 @@ async fn keys(gw: &Gateway, query: &str, headers: &HeaderMap, delete: bool) -> R
             Err(e) => unavailable(e),
         };
     }
-    match gw.store.get(&record).await {
+    match gw.runtime().store.get(&record).await {
         Ok(None) => json_response(StatusCode::NOT_FOUND, &json!({ "state": "absent" })),
         Ok(Some(entry)) => {
             let mut doc = json!({
@@ -313,6 +309,7 @@ fn json_response(status: StatusCode, value: &serde_json::Value) -> Response<Body
     r
 }
 
-fn problem(gw: &Gateway, status: StatusCode, slug: &str, title: &str, detail: &str) -> Response<Body> {
-    admin_problem(status, &gw.problem_base, slug, title, detail)
+/// The admin listener's own errors (400, 401, 404, 405), as problem+json like the proxy's.
+fn problem(gw: &Gateway, status: StatusCode, slug: &'static str, title: &'static str, detail: &str) -> Response<Body> {
+    Problem::refused(status, slug, title, detail.to_owned()).respond(gw.problem_base())
 }

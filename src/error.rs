@@ -1,9 +1,14 @@
-//! Every error the proxy can answer with, and the ONE place that turns them into responses.
+//! Every error the proxy can answer with, and the ONE table that says, for each, how it is
+//! answered, counted and logged ([`GatewayError::problem`]).
 //!
+//! Each error becomes one [`Problem`] value (linkerd2-proxy's `respond.rs` does the same):
+//! status, problem `type`, title, detail, `Retry-After`, whether the connection closes, the
+//! metrics outcome and the log level. Nothing else matches on an error to learn any of these.
 //! Responses are `application/problem+json` (RFC 9457) with a `type` URI into the published
 //! error docs, a fixed `title` per kind and a `detail` in words. Internals (store addresses,
 //! upstream error chains) go to the log, never to the client.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -12,8 +17,9 @@ use serde::Serialize;
 use thiserror::Error;
 
 use crate::body::{self, Body, BodyError};
-use crate::idempotent::key::KeyError;
-use crate::idempotent::scope::ScopeMissing;
+use crate::metrics::Outcome;
+use crate::policy::key::KeyError;
+use crate::policy::scope::ScopeMissing;
 use crate::store::StoreError;
 use crate::upstream::UpstreamError;
 
@@ -84,12 +90,6 @@ pub enum GatewayError {
         /// The exchange ran out of time (504) rather than broke (502).
         timed_out: bool,
     },
-    /// The first request ran and answered `status`, but its body was too large to store.
-    #[error("the response to this key was not stored")]
-    ResponseNotStored {
-        /// The status the first request was answered with.
-        status: StatusCode,
-    },
     /// Shutdown abandoned the exchange before the upstream answered; its outcome is unknown.
     #[error("the gateway shut down before the upstream answered")]
     ShuttingDown,
@@ -98,186 +98,309 @@ pub enum GatewayError {
     Internal(String),
 }
 
+/// How one error is answered, counted and logged.
+#[derive(Debug, Clone)]
+pub struct Problem {
+    /// The response status.
+    pub status: StatusCode,
+    /// The anchor in the error docs: the problem's `type` is `server.problem_base` + slug.
+    pub slug: &'static str,
+    /// The fixed title of this kind of problem.
+    pub title: &'static str,
+    /// What the client is told, in words, without internals.
+    pub detail: Cow<'static, str>,
+    /// When to come back (`Retry-After`, whole seconds, at least 1).
+    pub retry_after: Option<Duration>,
+    /// Whether the connection closes after this answer.
+    pub close: bool,
+    /// How the request is counted (`idemgate_requests_total{outcome}`).
+    pub outcome: Outcome,
+    /// Logged as a warning (the gateway, or what it depends on, failed) rather than at debug
+    /// level (the client's request was refused).
+    pub warn: bool,
+}
+
 /// The problem+json document.
 #[derive(Serialize)]
-struct Problem<'a> {
+struct Document<'a> {
     #[serde(rename = "type")]
     kind: String,
     title: &'a str,
     status: u16,
-    detail: String,
+    detail: &'a str,
+}
+
+/// Until the store, the gateway or the upstream has room again.
+const SOON: Duration = Duration::from_secs(1);
+
+impl Problem {
+    /// A request refused for what it is: counted as rejected, logged at debug level.
+    pub fn refused(
+        status: StatusCode,
+        slug: &'static str,
+        title: &'static str,
+        detail: impl Into<Cow<'static, str>>,
+    ) -> Self {
+        Self {
+            status,
+            slug,
+            title,
+            detail: detail.into(),
+            retry_after: None,
+            close: false,
+            outcome: Outcome::Rejected,
+            warn: false,
+        }
+    }
+
+    /// A request the gateway could not serve: counted as `outcome`, logged as a warning.
+    fn failed(
+        status: StatusCode,
+        slug: &'static str,
+        title: &'static str,
+        detail: impl Into<Cow<'static, str>>,
+        outcome: Outcome,
+    ) -> Self {
+        Self { outcome, warn: true, ..Self::refused(status, slug, title, detail) }
+    }
+
+    fn counted(self, outcome: Outcome) -> Self {
+        Self { outcome, ..self }
+    }
+
+    fn retry_after(self, after: Duration) -> Self {
+        Self { retry_after: Some(after), ..self }
+    }
+
+    fn closing(self) -> Self {
+        Self { close: true, ..self }
+    }
+
+    /// The answer to a retry of a request that ran and answered `status`, whose body was too
+    /// large to keep: not an error of the retry's, so it is counted as a replay.
+    pub fn not_stored(status: StatusCode) -> Self {
+        let detail = format!(
+            "The request with this idempotency key was processed and answered {}, but its \
+             response was too large to keep for retries. It will not be run again; fetch the \
+             resource it created or changed to see the result.",
+            status.as_u16()
+        );
+        Self::refused(status, "response-not-stored", "Response not stored", detail).counted(Outcome::Replayed)
+    }
+
+    /// The problem+json response, with `type` = `problem_base` + slug.
+    pub fn respond(&self, problem_base: &str) -> Response<Body> {
+        let document = Document {
+            kind: format!("{problem_base}{}", self.slug),
+            title: self.title,
+            status: self.status.as_u16(),
+            detail: &self.detail,
+        };
+        let json = serde_json::to_vec(&document).unwrap_or_else(|_| b"{}".to_vec());
+        let mut response = Response::new(body::full(Bytes::from(json)));
+        *response.status_mut() = self.status;
+        let headers = response.headers_mut();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        if self.close {
+            headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
+        }
+        if let Some(after) = self.retry_after {
+            // Whole seconds, rounded up, at least 1: "Retry-After: 0" invites a hot loop.
+            let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
+        }
+        response
+    }
+
+    /// Logs `error` on `route` at this problem's level.
+    pub fn log(&self, route: &str, error: &GatewayError) {
+        if self.warn {
+            tracing::warn!(route = %route, error = %error, "request failed");
+        } else {
+            tracing::debug!(route = %route, error = %error, "request refused");
+        }
+    }
 }
 
 impl GatewayError {
-    /// Short stable name, used as the anchor in the docs URI and as the metrics outcome.
-    pub fn slug(&self) -> &'static str {
+    /// The one table: how this error is answered, counted and logged.
+    pub fn problem(&self) -> Problem {
+        use Problem as P;
+        use StatusCode as S;
         match self {
-            Self::NoRoute { .. } => "no-route",
-            Self::Key(KeyError::Missing { .. }) => "key-missing",
-            Self::Key(_) => "key-malformed",
-            Self::Body(BodyError::TooLarge { .. }) => "body-too-large",
-            Self::Body(BodyError::Read(_)) => "body-unreadable",
-            Self::Scope(_) => "scope-missing",
-            Self::BadHost { .. } => "bad-host",
-            Self::UpgradeRefused => "upgrade-refused",
-            Self::TooManyNewKeys { .. } => "too-many-new-keys",
-            Self::Overloaded => "overloaded",
-            Self::Body(BodyError::Timeout { .. }) => "body-timeout",
-            Self::ConnectionHeader { .. } => "connection-header",
-            Self::OutcomeUnknown { .. } => "outcome-unknown",
-            Self::ResponseNotStored { .. } => "response-not-stored",
-            Self::Mismatch => "key-reused",
-            Self::InFlight { .. } => "in-progress",
-            Self::StoreUnavailable(_) => "store-unavailable",
-            Self::Upstream(UpstreamError::Timeout { .. }) => "upstream-timeout",
-            Self::Upstream(_) => "upstream-unavailable",
-            Self::ShuttingDown => "shutting-down",
-            Self::Internal(_) => "internal",
-        }
-    }
-
-    fn status(&self) -> StatusCode {
-        match self {
-            Self::NoRoute { .. } => StatusCode::NOT_FOUND,
-            Self::Key(_)
-            | Self::Body(BodyError::Read(_))
-            | Self::Scope(_)
-            | Self::ConnectionHeader { .. }
-            | Self::BadHost { .. }
-            | Self::UpgradeRefused => StatusCode::BAD_REQUEST,
-            Self::Body(BodyError::Timeout { .. }) => StatusCode::REQUEST_TIMEOUT,
-            Self::Overloaded => StatusCode::SERVICE_UNAVAILABLE,
-            Self::TooManyNewKeys { .. } => StatusCode::TOO_MANY_REQUESTS,
-            Self::OutcomeUnknown { timed_out: true } => StatusCode::GATEWAY_TIMEOUT,
-            Self::OutcomeUnknown { timed_out: false } => StatusCode::BAD_GATEWAY,
-            Self::ResponseNotStored { status } => *status,
-            Self::Body(BodyError::TooLarge { .. }) => StatusCode::PAYLOAD_TOO_LARGE,
-            Self::Mismatch => StatusCode::UNPROCESSABLE_ENTITY,
-            Self::InFlight { .. } => StatusCode::CONFLICT,
-            Self::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
-            Self::Upstream(UpstreamError::Timeout { .. }) => StatusCode::GATEWAY_TIMEOUT,
-            Self::Upstream(_) => StatusCode::BAD_GATEWAY,
-            Self::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
-            Self::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
-        }
-    }
-
-    fn title(&self) -> &'static str {
-        match self {
-            Self::NoRoute { .. } => "No route",
-            Self::Key(KeyError::Missing { .. }) => "Idempotency key missing",
-            Self::Key(_) => "Idempotency key malformed",
-            Self::Body(BodyError::TooLarge { .. }) => "Request body too large",
-            Self::Body(BodyError::Read(_)) => "Request body unreadable",
-            Self::Scope(_) => "Idempotency scope missing",
-            Self::BadHost { .. } => "Bad Host header",
-            Self::UpgradeRefused => "Protocol upgrade refused",
-            Self::TooManyNewKeys { .. } => "Too many new idempotency keys",
-            Self::Overloaded => "Gateway overloaded",
-            Self::Body(BodyError::Timeout { .. }) => "Request body too slow",
-            Self::ConnectionHeader { .. } => "Connection header names a needed header",
-            Self::OutcomeUnknown { .. } => "Outcome unknown",
-            Self::ResponseNotStored { .. } => "Response not stored",
-            Self::Mismatch => "Idempotency key reused",
-            Self::InFlight { .. } => "Request in progress",
-            Self::StoreUnavailable(_) => "Idempotency store unavailable",
-            Self::Upstream(UpstreamError::Timeout { .. }) => "Upstream timeout",
-            Self::Upstream(_) => "Upstream unavailable",
-            Self::ShuttingDown => "Gateway shutting down",
-            Self::Internal(_) => "Internal error",
-        }
-    }
-
-    /// What the client is told; written for the client, without internals.
-    fn detail(&self) -> String {
-        match self {
-            Self::NoRoute { method, path } => format!("No route is configured for {method} {path}."),
-            Self::Key(e) => format!("{}{}.", capitalise(&e.to_string()), key_hint(e)),
-            Self::Body(BodyError::TooLarge { limit }) => {
-                format!("This route accepts request bodies of at most {limit} bytes.")
+            Self::NoRoute { method, path } => {
+                P::refused(S::NOT_FOUND, "no-route", "No route", format!("No route is configured for {method} {path}."))
             }
-            Self::Body(BodyError::Read(_)) => "The request body could not be read.".into(),
-            Self::Body(BodyError::Timeout { limit }) => format!(
-                "The request body did not arrive within {}s; nothing was claimed or forwarded.",
-                limit.as_secs_f64()
+            Self::Key(e @ KeyError::Missing { .. }) => {
+                P::refused(S::BAD_REQUEST, "key-missing", "Idempotency key missing", key_detail(e))
+            }
+            Self::Key(e) => P::refused(S::BAD_REQUEST, "key-malformed", "Idempotency key malformed", key_detail(e)),
+            Self::Body(BodyError::TooLarge { limit }) => P::refused(
+                S::PAYLOAD_TOO_LARGE,
+                "body-too-large",
+                "Request body too large",
+                format!("This route accepts request bodies of at most {limit} bytes."),
             ),
-            Self::BadHost { detail } => format!("{detail} HTTP/1.1 requests carry exactly one."),
-            Self::UpgradeRefused => "This route makes requests idempotent by storing their one answer; a \
-                switched protocol (such as a WebSocket) has none. Open it on a route without \
-                idempotency."
-                .into(),
-            Self::TooManyNewKeys { .. } => "You sent more new idempotency keys on this route than it allows \
-                per caller; the request was not forwarded. Retries of requests already sent are not \
-                limited. Retry after Retry-After."
-                .into(),
-            Self::Overloaded => "The gateway is running as many upstream requests as it allows; this one \
-                was not forwarded. Retry with the same key after Retry-After."
-                .into(),
-            Self::Scope(e) => format!(
-                "{}. Idempotency keys are kept per caller, and this route takes the caller from \
-                 that source; send it with the request.",
-                capitalise(&e.to_string())
+            Self::Body(BodyError::Read(_)) => P::refused(
+                S::BAD_REQUEST,
+                "body-unreadable",
+                "Request body unreadable",
+                "The request body could not be read.",
             ),
-            Self::ConnectionHeader { header } => format!(
-                "The Connection header names {header}, which would remove it before the request is \
-                 forwarded, although this route needs it. Do not list it in Connection."
+            // The rest of a body that was too slow may still arrive; the connection cannot be
+            // reused for another request, so it closes after this answer.
+            Self::Body(BodyError::Timeout { limit }) => P::refused(
+                S::REQUEST_TIMEOUT,
+                "body-timeout",
+                "Request body too slow",
+                format!(
+                    "The request body did not arrive within {}s; nothing was claimed or forwarded.",
+                    limit.as_secs_f64()
+                ),
+            )
+            .closing(),
+            Self::Scope(e) => P::refused(
+                S::BAD_REQUEST,
+                "scope-missing",
+                "Idempotency scope missing",
+                format!(
+                    "{}. Idempotency keys are kept per caller, and this route takes the caller from \
+                     that source; send it with the request.",
+                    capitalise(&e.to_string())
+                ),
             ),
-            Self::OutcomeUnknown { .. } => "The request with this idempotency key was sent to the upstream \
-                service, and no complete answer came back: it may or may not have been processed. \
-                It will not be run again under this key. Check the state of the resource (for \
-                example, list your recent orders or payments) before you send it again with a new key."
-                .into(),
-            Self::ResponseNotStored { status } => format!(
-                "The request with this idempotency key was processed and answered {}, but its \
-                 response was too large to keep for retries. It will not be run again; fetch the \
-                 resource it created or changed to see the result.",
-                status.as_u16()
+            Self::BadHost { detail } => P::refused(
+                S::BAD_REQUEST,
+                "bad-host",
+                "Bad Host header",
+                format!("{detail} HTTP/1.1 requests carry exactly one."),
             ),
-            Self::Mismatch => "This idempotency key was already used for a different request. \
-                Use a new key for a new request."
-                .into(),
-            Self::InFlight { .. } => "A request with this idempotency key is still being processed. \
-                Retry after the time given in Retry-After to receive its result."
-                .into(),
-            Self::StoreUnavailable(_) => "The request was not forwarded because its idempotency \
-                could not be guaranteed. Retry with the same key."
-                .into(),
-            Self::Upstream(UpstreamError::Unreachable { .. }) => "The upstream service could not be reached; \
-                the request was not sent. Retrying with the same key is safe."
-                .into(),
-            Self::Upstream(UpstreamError::Timeout { .. }) => "The upstream service did not answer in time; \
-                it may or may not have processed the request. A retry with the same key runs it \
-                again on this route, whose upstream is expected to deduplicate on the key."
-                .into(),
-            Self::Upstream(UpstreamError::Failed { .. }) => "The upstream service failed before it \
-                answered in full; it may or may not have processed the request. A retry with the \
-                same key runs it again on this route, whose upstream is expected to deduplicate on \
-                the key."
-                .into(),
-            Self::ShuttingDown => "The gateway shut down before the upstream answered; the request \
-                may or may not have been processed. Check the state of the resource before sending it \
-                again: a retry with the same key is told its outcome is unknown."
-                .into(),
-            Self::Internal(_) => "The gateway failed unexpectedly.".into(),
-        }
-    }
-
-    fn retry_after(&self) -> Option<Duration> {
-        match self {
-            Self::InFlight { retry_after } | Self::TooManyNewKeys { retry_after } => Some(*retry_after),
-            Self::StoreUnavailable(_) | Self::ShuttingDown | Self::Overloaded => Some(Duration::from_secs(1)),
-            _ => None,
+            Self::UpgradeRefused => P::refused(
+                S::BAD_REQUEST,
+                "upgrade-refused",
+                "Protocol upgrade refused",
+                "This route makes requests idempotent by storing their one answer; a switched \
+                 protocol (such as a WebSocket) has none. Open it on a route without idempotency.",
+            ),
+            Self::ConnectionHeader { header } => P::refused(
+                S::BAD_REQUEST,
+                "connection-header",
+                "Connection header names a needed header",
+                format!(
+                    "The Connection header names {header}, which would remove it before the request \
+                     is forwarded, although this route needs it. Do not list it in Connection."
+                ),
+            ),
+            Self::TooManyNewKeys { retry_after } => P::refused(
+                S::TOO_MANY_REQUESTS,
+                "too-many-new-keys",
+                "Too many new idempotency keys",
+                "You sent more new idempotency keys on this route than it allows per caller; the \
+                 request was not forwarded. Retries of requests already sent are not limited. \
+                 Retry after Retry-After.",
+            )
+            .counted(Outcome::QuotaExceeded)
+            .retry_after(*retry_after),
+            Self::Mismatch => P::refused(
+                S::UNPROCESSABLE_ENTITY,
+                "key-reused",
+                "Idempotency key reused",
+                "This idempotency key was already used for a different request. Use a new key for \
+                 a new request.",
+            )
+            .counted(Outcome::Mismatch),
+            Self::InFlight { retry_after } => P::refused(
+                S::CONFLICT,
+                "in-progress",
+                "Request in progress",
+                "A request with this idempotency key is still being processed. Retry after the \
+                 time given in Retry-After to receive its result.",
+            )
+            .counted(Outcome::InFlight)
+            .retry_after(*retry_after),
+            Self::Overloaded => P::failed(
+                S::SERVICE_UNAVAILABLE,
+                "overloaded",
+                "Gateway overloaded",
+                "The gateway is running as many upstream requests as it allows; this one was not \
+                 forwarded. Retry with the same key after Retry-After.",
+                Outcome::Overloaded,
+            )
+            .retry_after(SOON),
+            Self::OutcomeUnknown { timed_out } => P::failed(
+                if *timed_out { S::GATEWAY_TIMEOUT } else { S::BAD_GATEWAY },
+                "outcome-unknown",
+                "Outcome unknown",
+                "The request with this idempotency key was sent to the upstream service, and no \
+                 complete answer came back: it may or may not have been processed. It will not be \
+                 run again under this key. Check the state of the resource (for example, list your \
+                 recent orders or payments) before you send it again with a new key.",
+                Outcome::Unknown,
+            ),
+            Self::StoreUnavailable(_) => P::failed(
+                S::SERVICE_UNAVAILABLE,
+                "store-unavailable",
+                "Idempotency store unavailable",
+                "The request was not forwarded because its idempotency could not be guaranteed. \
+                 Retry with the same key.",
+                Outcome::StoreUnavailable,
+            )
+            .retry_after(SOON),
+            Self::Upstream(UpstreamError::Unreachable { .. }) => P::failed(
+                S::BAD_GATEWAY,
+                "upstream-unavailable",
+                "Upstream unavailable",
+                "The upstream service could not be reached; the request was not sent. Retrying \
+                 with the same key is safe.",
+                Outcome::UpstreamFailed,
+            ),
+            Self::Upstream(UpstreamError::Timeout { .. }) => P::failed(
+                S::GATEWAY_TIMEOUT,
+                "upstream-timeout",
+                "Upstream timeout",
+                "The upstream service did not answer in time; it may or may not have processed the \
+                 request. A retry with the same key runs it again on this route, whose upstream is \
+                 expected to deduplicate on the key.",
+                Outcome::UpstreamFailed,
+            ),
+            Self::Upstream(UpstreamError::Failed { .. }) => P::failed(
+                S::BAD_GATEWAY,
+                "upstream-unavailable",
+                "Upstream unavailable",
+                "The upstream service failed before it answered in full; it may or may not have \
+                 processed the request. A retry with the same key runs it again on this route, \
+                 whose upstream is expected to deduplicate on the key.",
+                Outcome::UpstreamFailed,
+            ),
+            Self::ShuttingDown => P::failed(
+                S::SERVICE_UNAVAILABLE,
+                "shutting-down",
+                "Gateway shutting down",
+                "The gateway shut down before the upstream answered; the request may or may not \
+                 have been processed. Check the state of the resource before sending it again: a \
+                 retry with the same key is told its outcome is unknown.",
+                Outcome::UpstreamFailed,
+            )
+            .retry_after(SOON),
+            Self::Internal(_) => P::failed(
+                S::INTERNAL_SERVER_ERROR,
+                "internal",
+                "Internal error",
+                "The gateway failed unexpectedly.",
+                Outcome::Internal,
+            ),
         }
     }
 }
 
-fn key_hint(e: &KeyError) -> &'static str {
-    match e {
+fn key_detail(e: &KeyError) -> String {
+    let hint = match e {
         KeyError::Missing { .. } | KeyError::Malformed { .. } => {
             "; send a unique value per request, e.g. Idempotency-Key: \"8e03978e-40d5-43e8-bc93-6894a57f9324\""
         }
         _ => "",
-    }
+    };
+    format!("{}{hint}.", capitalise(&e.to_string()))
 }
 
 fn capitalise(s: &str) -> String {
@@ -285,48 +408,14 @@ fn capitalise(s: &str) -> String {
     chars.next().map_or_else(String::new, |c| c.to_uppercase().chain(chars).collect())
 }
 
-/// Builds the problem+json response for `error`, with `type` = `problem_base` + slug.
-pub fn respond(error: &GatewayError, problem_base: &str) -> Response<Body> {
-    let status = error.status();
-    let problem = Problem {
-        kind: format!("{problem_base}{}", error.slug()),
-        title: error.title(),
-        status: status.as_u16(),
-        detail: error.detail(),
-    };
-    let mut response = problem_response(status, &problem);
-    if matches!(error, GatewayError::Body(BodyError::Timeout { .. })) {
-        // The rest of a body that was too slow may still arrive; the connection cannot be
-        // reused for another request, so it closes after this answer.
-        response.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
-    }
-    if let Some(after) = error.retry_after() {
-        // Whole seconds, rounded up, at least 1: "Retry-After: 0" invites a hot loop.
-        let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
-        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
-    }
-    response
-}
-
-/// A problem+json response for the admin listener's own errors (401, 404, 400).
-pub fn admin_problem(status: StatusCode, problem_base: &str, slug: &str, title: &str, detail: &str) -> Response<Body> {
-    let problem =
-        Problem { kind: format!("{problem_base}{slug}"), title, status: status.as_u16(), detail: detail.into() };
-    problem_response(status, &problem)
-}
-
-fn problem_response(status: StatusCode, problem: &Problem<'_>) -> Response<Body> {
-    let json = serde_json::to_vec(problem).unwrap_or_else(|_| b"{}".to_vec());
-    let mut response = Response::new(body::full(Bytes::from(json)));
-    *response.status_mut() = status;
-    response.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
-    response
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use http_body_util::BodyExt;
+
+    fn respond(e: &GatewayError, problem_base: &str) -> Response<Body> {
+        e.problem().respond(problem_base)
+    }
 
     async fn json(r: Response<Body>) -> serde_json::Value {
         let bytes = r.into_body().collect().await.unwrap().to_bytes();

@@ -38,6 +38,13 @@ pub fn connection_tokens(headers: &HeaderMap) -> impl Iterator<Item = &str> {
         .filter(|token| !token.is_empty())
 }
 
+/// The protocol a request asks to switch to: `Upgrade` with `upgrade` among the `Connection`
+/// tokens (RFC 9110 §7.8).
+pub fn upgrade_requested(headers: &HeaderMap) -> Option<http::HeaderValue> {
+    let asks = connection_tokens(headers).any(|token| token.eq_ignore_ascii_case("upgrade"));
+    asks.then(|| headers.get(header::UPGRADE).cloned()).flatten()
+}
+
 /// Removes hop-by-hop headers, including every header named in `Connection`.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     strip(headers, |_| false);

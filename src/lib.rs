@@ -2,61 +2,70 @@
 //!
 //! A reverse proxy that makes unsafe HTTP endpoints idempotent without changing them. The
 //! first request with an `Idempotency-Key` runs upstream; every retry gets its stored
-//! response back. See `docs/` for the policy, configuration and operations.
+//! response back. See `docs/` for the policy, configuration and operations, and
+//! `docs/architecture.md` for the request path and the state of a key, drawn.
 //!
-//! The request path, module by module:
+//! The modules, from the process down to what everything uses (arrows only point down this
+//! list):
 //!
-//! - [`server`]: listeners, HTTP/1.1 + h2c connections, graceful shutdown;
-//! - [`tls`]: TLS on the proxy listener;
-//! - [`gateway`]: runtime state built from the config, routing, outcome counting;
-//! - [`path`]: path normalisation before routing (`//`, `.`, `..`, `%6f`);
-//! - [`router`]: method + path pattern → route;
+//! - [`server`]: listeners, HTTP/1.1 + h2c (and TLS) connections, graceful shutdown;
+//! - [`admin`]: health, readiness, metrics, key inspect/purge, published policy, routes;
+//! - [`reload`]: a new configuration without a restart (SIGHUP, `POST /reload`);
+//! - [`publish`]: the idempotency policy of every route, as Markdown and JSON;
+//! - [`gateway`]: the routes and the runtime built from the config; the top of the request
+//!   path: check, route, serve, count, log;
+//! - [`idempotent`]: the idempotent path as named phases: identify, claim, admit, forward,
+//!   settle, answer;
+//! - [`runtime`]: the handle the request path runs on (store, exchanges, limits, metrics),
+//!   and the routes at run time;
+//! - [`check`]: what a request must be before the gateway acts on it;
+//! - [`error`]: every error, and the one table that says how each is answered, counted and
+//!   logged;
 //! - [`proxy`]: streaming pass-through for routes without idempotency;
-//! - [`route`]: a route at run time (upstream, policy, counters);
-//! - [`idempotent`]: the idempotent path, one module per step, in the order of
-//!   docs/architecture.md:
-//!   - [`idempotent::key`]: reading the `Idempotency-Key` header;
-//!   - [`idempotent::scope`]: whose key it is;
-//!   - [`body`]: bounded reading of the request body (and the shared body type);
-//!   - [`idempotent::fingerprint`]: what makes two requests the same request;
-//!   - [`idempotent::claim`]: the claim, the bounded wait for a running duplicate, and
-//!     releasing claims whose reply was lost;
-//!   - [`store`]: claim, renew, settle, release (Redis with Lua, or memory);
-//!   - [`idempotent::exchange`]: the detached upstream call with lease renewal;
-//!   - [`idempotent::capture`]: buffering the upstream response for storage;
-//!   - [`idempotent::replay`]: answering retries from the store;
-//!   - [`idempotent::policy`]: a route's `[routes.idempotency]`, parsed;
 //! - [`upstream`]: pooled http/https clients and request preparation;
 //! - [`connection`]: one client connection's limits: idle and head deadlines, exchanges,
 //!   abandoned requests;
-//! - [`headers`]: hop-by-hop stripping, what may be stored and replayed;
-//! - [`forwarded`]: `Forwarded` / `X-Forwarded-*`, believed only from trusted proxies;
-//! - [`error`]: every error, mapped to problem+json in one place;
+//! - [`store`]: the state of every key: claim, renew, settle, release (Redis with Lua, or
+//!   memory);
+//! - [`config`]: `gateway.toml`, validated into the types below;
+//! - [`policy`]: a route's `[routes.idempotency]`, and the readings of a request it defines
+//!   (key, scope, fingerprint);
 //! - [`access`]: one access log line per request;
-//! - [`admin`]: health, readiness, metrics, key inspect/purge, published policy, routes;
-//! - [`publish`]: the idempotency policy of every route, as Markdown and JSON;
-//! - [`reload`]: a new configuration without a restart (SIGHUP, `POST /reload`);
-//! - [`metrics`]: Prometheus counters, histograms and gauges;
-//! - [`config`]: `gateway.toml`, validated into runtime types.
+//! - [`body`], [`headers`], [`forwarded`], [`path`], [`router`], [`metrics`]: bodies and
+//!   their bounds, header hygiene, forwarding headers, path normalisation, method + path →
+//!   route, Prometheus metrics.
+//!
+//! The crate's surface is what the binary, the tests and the fuzz targets use: the
+//! configuration, the policy, the store, and the server with its gateway.
 
-pub mod access;
-pub mod admin;
-pub mod body;
 pub mod config;
-pub mod connection;
-pub mod error;
-pub mod forwarded;
-pub mod gateway;
-pub mod headers;
-pub mod idempotent;
-pub mod metrics;
-pub mod path;
-pub mod proxy;
-pub mod publish;
-pub mod reload;
-pub mod route;
-pub mod router;
-pub mod server;
+pub mod policy;
 pub mod store;
-pub mod tls;
-pub mod upstream;
+
+mod access;
+mod admin;
+mod body;
+mod check;
+mod connection;
+mod error;
+mod forwarded;
+mod gateway;
+mod headers;
+mod idempotent;
+mod metrics;
+mod path;
+mod proxy;
+mod publish;
+mod reload;
+mod router;
+mod runtime;
+mod server;
+mod upstream;
+
+pub use gateway::{Gateway, SetupError};
+pub use path::normalize as normalize_path;
+pub use publish::markdown as policy_markdown;
+pub use reload::{Live, ReloadError, Reloaded};
+pub use runtime::Runtime;
+pub use server::{ServeError, Server};
+pub use upstream::{Upstream, UpstreamSetupError};

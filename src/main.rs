@@ -8,8 +8,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use idemgate::config::{Config, LogFormat};
-use idemgate::server::Server;
-use idemgate::upstream::Upstream;
+use idemgate::{Live, Server, Upstream};
 use tracing_subscriber::EnvFilter;
 
 /// An idempotency gateway: a reverse proxy that runs each keyed request upstream once.
@@ -40,7 +39,7 @@ fn main() -> ExitCode {
         Some(Command::Check) => check(&cli.config),
         Some(Command::Policy) => match Config::load(&cli.config) {
             Ok(config) => {
-                print!("{}", idemgate::publish::markdown(&config.routes));
+                print!("{}", idemgate::policy_markdown(&config.routes));
                 ExitCode::SUCCESS
             }
             Err(e) => {
@@ -124,7 +123,7 @@ fn serve(path: &std::path::Path, log_format: Option<LogFormat>) -> ExitCode {
             }
         };
         let admin = server.admin_addr().map_or_else(|| "none".to_owned(), |a| a.to_string());
-        tracing::info!(listen = %server.local_addr(), %admin, store = server.gateway().store.kind(), "idemgate serving");
+        tracing::info!(listen = %server.local_addr(), %admin, store = server.gateway().runtime().store.kind(), "idemgate serving");
         // One machine-readable line on stdout: scripts that start the gateway on port 0 read
         // the addresses it got from here instead of guessing a free port beforehand.
         println!("idemgate listening proxy={} admin={admin}", server.local_addr());
@@ -138,7 +137,7 @@ fn serve(path: &std::path::Path, log_format: Option<LogFormat>) -> ExitCode {
 
 /// Reloads the configuration on every SIGHUP (which would otherwise end the process). A bad
 /// file is logged and the running configuration stays.
-fn reload_on_sighup(live: std::sync::Arc<idemgate::reload::Live>) {
+fn reload_on_sighup(live: std::sync::Arc<Live>) {
     let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else {
         tracing::warn!("cannot install the SIGHUP handler; reload with POST /reload on the admin listener");
         return;

@@ -18,6 +18,9 @@
 
 use std::borrow::Cow;
 
+use http::uri::PathAndQuery;
+use http::{Request, Uri};
+
 /// The normalised form of `path`; borrowed when it is already normal (the common case).
 pub fn normalize(path: &str) -> Cow<'_, str> {
     if !path.starts_with('/') || is_normal(path) {
@@ -103,6 +106,25 @@ fn remove_dot_segments(path: &str) -> String {
         out.push('/');
     }
     out
+}
+
+/// Replaces the request's path by its normal form (see [`normalize`]), which the router matches and
+/// the upstream receives, so that no spelling of a path reaches another route than its own.
+pub fn normalize_request<B>(request: &mut Request<B>) {
+    let Cow::Owned(normal) = normalize(request.uri().path()) else { return };
+    let target = match request.uri().query() {
+        Some(query) => format!("{normal}?{query}"),
+        None => normal,
+    };
+    let mut parts = request.uri().clone().into_parts();
+    // A normalised path of a valid path is valid: it only loses characters or decodes
+    // unreserved ones. Should parsing fail anyway, the request keeps its original path.
+    if let Ok(pq) = target.parse::<PathAndQuery>() {
+        parts.path_and_query = Some(pq);
+        if let Ok(uri) = Uri::from_parts(parts) {
+            *request.uri_mut() = uri;
+        }
+    }
 }
 
 #[cfg(test)]

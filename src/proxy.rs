@@ -13,13 +13,32 @@ use http::header::{CONNECTION, UPGRADE};
 use http::{HeaderValue, Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-
-use crate::body::{self, Body};
 use std::sync::Arc;
+use std::time::Instant;
 
+use crate::access::Trace;
+use crate::body::{self, Body};
 use crate::connection::Connection;
 use crate::headers;
+use crate::metrics::status_class;
+use crate::runtime::Route;
 use crate::upstream::{Upstream, UpstreamError};
+
+/// Streams a request on a plain route to its upstream and back, timing the exchange for the
+/// route's upstream latency and the access line.
+pub async fn pass_through(
+    route: &Route,
+    request: Request<Incoming>,
+    connection: &Arc<Connection>,
+    trace: &mut Trace,
+) -> Result<Response<Body>, UpstreamError> {
+    let sent = Instant::now();
+    let forwarded = forward(&route.upstream, request.map(body::boxed), connection).await;
+    let class = forwarded.as_ref().map_or("error", |r| status_class(r.status()));
+    trace.upstream = Some(sent.elapsed());
+    route.metrics.upstream_latency(class, sent.elapsed());
+    forwarded
+}
 
 /// Forwards `request` to `upstream` and relays the response.
 pub async fn forward(
@@ -28,7 +47,7 @@ pub async fn forward(
     connection: &Arc<Connection>,
 ) -> Result<Response<Body>, UpstreamError> {
     let peer = &connection.peer;
-    let upgrade = upgrade_requested(request.headers());
+    let upgrade = headers::upgrade_requested(request.headers());
     let client_side = upgrade.is_some().then(|| hyper::upgrade::on(&mut request));
     let (mut parts, body) = request.into_parts();
     upstream.prepare(&mut parts, peer);
@@ -57,13 +76,6 @@ pub async fn forward(
         }
         _ => Ok(relay(response)),
     }
-}
-
-/// The protocol a request asks to switch to: `Upgrade` with `upgrade` among the `Connection`
-/// tokens (RFC 9110 §7.8).
-pub fn upgrade_requested(headers: &http::HeaderMap) -> Option<HeaderValue> {
-    let asks = headers::connection_tokens(headers).any(|token| token.eq_ignore_ascii_case("upgrade"));
-    asks.then(|| headers.get(UPGRADE).cloned()).flatten()
 }
 
 /// Joins the client's and the upstream's upgraded connections until either closes, or until

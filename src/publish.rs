@@ -13,8 +13,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::config::RouteConfig;
-use crate::idempotent::policy::{IdempotencyPolicy, StoreFailurePolicy, UnknownOutcomePolicy};
-use crate::idempotent::scope::{MissingScope, ScopeSource};
+use crate::policy::scope::{MissingScope, ScopeSource};
+use crate::policy::{IdempotencyPolicy, StoreFailurePolicy, UnknownOutcomePolicy};
 
 /// A duration the way the config writes it: `"24h"`, `"10s"`, `"250ms"`.
 fn duration(d: Duration) -> String {

@@ -17,10 +17,10 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use thiserror::Error;
 
+use tokio_rustls::TlsAcceptor;
+
 use crate::config::{Config, ConfigError, Limits};
 use crate::gateway::{Gateway, SetupError};
-use crate::tls::{self, TlsError};
-use tokio_rustls::TlsAcceptor;
 
 /// The gateway in service, and how to reload it.
 pub struct Live {
@@ -55,16 +55,13 @@ pub enum ReloadError {
     /// The new routes or upstreams could not be set up.
     #[error(transparent)]
     Setup(#[from] SetupError),
-    /// The listener's certificate or key could not be read.
-    #[error("server.tls: {0}")]
-    Tls(#[from] TlsError),
 }
 
 impl Live {
     /// The gateway built from `started`, reloadable from `source`.
-    pub fn new(gateway: Gateway, started: Config, source: Option<PathBuf>) -> Result<Self, TlsError> {
-        let tls = started.server.tls.as_ref().map(tls::acceptor).transpose()?.map(ArcSwap::from_pointee);
-        Ok(Self { gateway: ArcSwap::from_pointee(gateway), tls, started, source, reloading: Mutex::new(()) })
+    pub fn new(gateway: Gateway, started: Config, source: Option<PathBuf>) -> Self {
+        let tls = started.server.tls.as_ref().map(|tls| ArcSwap::from_pointee(tls.acceptor()));
+        Self { gateway: ArcSwap::from_pointee(gateway), tls, started, source, reloading: Mutex::new(()) }
     }
 
     /// The proxy listener's TLS acceptor of the moment, if the listener uses TLS.
@@ -81,16 +78,13 @@ impl Live {
     pub fn reload(&self) -> Result<Reloaded, ReloadError> {
         let _one = self.reloading.lock().unwrap_or_else(PoisonError::into_inner);
         let source = self.source.as_ref().ok_or(ReloadError::NoSource)?;
+        // Loading reads the listener's certificate and key again: a bad pair refuses the
+        // whole reload here, before anything changes.
         let config = Config::load(source)?;
         let next = self.gateway.load().rebuild(&config)?;
-        // Certificates first: a bad pair refuses the whole reload.
-        let acceptor = match (&self.tls, &config.server.tls) {
-            (Some(_), Some(files)) => Some(tls::acceptor(files)?),
-            _ => None,
-        };
         self.gateway.store(Arc::new(next));
-        if let (Some(current), Some(acceptor)) = (&self.tls, acceptor) {
-            current.store(Arc::new(acceptor));
+        if let (Some(current), Some(tls)) = (&self.tls, &config.server.tls) {
+            current.store(Arc::new(tls.acceptor()));
         }
         let needs_restart = needs_restart(&self.started, &config);
         for warning in config.warning_lines(&source.display().to_string()) {

@@ -56,9 +56,6 @@ pub enum ServeError {
     /// The gateway could not be built.
     #[error(transparent)]
     Setup(#[from] SetupError),
-    /// The listener's TLS could not be set up.
-    #[error("server.tls: {0}")]
-    Tls(#[from] crate::tls::TlsError),
 }
 
 /// A bound, not yet running gateway.
@@ -83,7 +80,7 @@ impl Server {
 
     /// Like [`Server::bind`], reloadable from `source` (SIGHUP, `POST /reload`).
     pub async fn bind_reloadable(config: &Config, source: Option<std::path::PathBuf>) -> Result<Self, ServeError> {
-        let live = Arc::new(Live::new(Gateway::new(config)?, config.clone(), source)?);
+        let live = Arc::new(Live::new(Gateway::new(config)?, config.clone(), source));
         let listener = bind(config.server.listen).await?;
         let admin = match config.server.admin_listen {
             Some(addr) => {
@@ -128,11 +125,11 @@ impl Server {
     /// operator who mistyped the Redis URL should hear of it now, not at the first request.
     /// The check runs in the background, so serving does not wait for it.
     pub fn warn_if_store_unreachable(&self) {
-        let gateway = self.live.gateway();
+        let runtime = Arc::clone(self.live.gateway().runtime());
         tokio::spawn(async move {
-            if let Err(e) = gateway.store.ping().await {
+            if let Err(e) = runtime.store.ping().await {
                 tracing::warn!(
-                    store = gateway.store.kind(),
+                    store = runtime.store.kind(),
                     error = %e,
                     "the store does not answer; idempotent routes apply on_store_error until it does"
                 );
@@ -199,23 +196,23 @@ impl Server {
         tracing::info!(grace = ?grace, "shutting down: draining connections and exchanges");
         connections.close();
         // Exchanges, store and abandon token are shared by every reloaded gateway.
-        let gateway = live.gateway();
+        let runtime = Arc::clone(live.gateway().runtime());
         let drain = connections.wait();
         tokio::pin!(drain);
         let drained = tokio::time::timeout_at(deadline, &mut drain).await.is_ok();
         // Exchanges whose clients went away are not tied to a connection: wait for them too.
-        gateway.exchanges.close();
-        let finished = drained && tokio::time::timeout_at(deadline, gateway.exchanges.wait()).await.is_ok();
+        runtime.exchanges.close();
+        let finished = drained && tokio::time::timeout_at(deadline, runtime.exchanges.wait()).await.is_ok();
         if !finished {
             tracing::warn!(
-                running = gateway.exchanges.len(),
+                running = runtime.exchanges.len(),
                 "grace period over: abandoning exchanges; their keys are settled as unknown (or released, per route)"
             );
-            gateway.abandon.cancel();
+            runtime.abandon.cancel();
             // Abandoned exchanges settle in a few store calls; bounded all the same, so that a
             // store that hangs cannot keep the process from exiting.
-            if tokio::time::timeout(ABANDON_SETTLE, gateway.exchanges.wait()).await.is_err() {
-                tracing::warn!(running = gateway.exchanges.len(), "exchanges still settling; exiting without them");
+            if tokio::time::timeout(ABANDON_SETTLE, runtime.exchanges.wait()).await.is_err() {
+                tracing::warn!(running = runtime.exchanges.len(), "exchanges still settling; exiting without them");
             }
             // Their clients, if still connected, get 503 shutting-down: let that reach them.
             if !drained && tokio::time::timeout(ABANDON_FLUSH, &mut drain).await.is_err() {

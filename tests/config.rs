@@ -5,8 +5,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use idemgate::config::{Config, ConfigError, StoreBackendConfig};
-use idemgate::idempotent::policy::UnknownOutcomePolicy;
-use idemgate::idempotent::scope::{MissingScope, ScopeSource, Source};
+use idemgate::policy::UnknownOutcomePolicy;
+use idemgate::policy::scope::{MissingScope, ScopeSource, Source};
 
 const MINIMAL: &str = r#"
 [server]

@@ -7,9 +7,7 @@ mod support;
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderValue, Method};
-use idemgate::idempotent::fingerprint::Fingerprint;
-use idemgate::idempotent::key;
-use idemgate::idempotent::scope;
+use idemgate::policy::fingerprint::Fingerprint;
 use idemgate::store::{Claim, EntryState, OwnerToken, RecordKey, Store};
 use support::client::{Client, DEFAULT_AUTH, Reply};
 use support::gateway::{StoreKind, TestGateway, config};
@@ -21,14 +19,13 @@ const ORDER: &str = r#"{"sku":"A-1","quantity":2,"client_ts":"2026-11-30T10:00:0
 
 /// The record key the gateway uses for `raw_key` sent by the default caller to route `orders`.
 fn record_key(gw: &TestGateway, raw_key: &str) -> RecordKey {
-    let route = gw.gateway.route("orders").unwrap();
-    let policy = route.policy.as_ref().unwrap();
+    let policy = gw.gateway.policy("orders").unwrap();
     let mut h = HeaderMap::new();
     h.insert(policy.header.clone(), HeaderValue::from_str(raw_key).unwrap());
     h.insert("authorization", HeaderValue::from_static(DEFAULT_AUTH));
-    let k = key::extract(&h, &policy.header, policy.max_key_len).unwrap().unwrap();
-    let scope = scope::derive(&policy.scope, policy.on_missing_scope, &h).unwrap();
-    RecordKey::new(&gw.gateway.key_prefix, "orders", &scope, &k)
+    let k = policy.key(&h).unwrap().unwrap();
+    let scope = policy.scope(&h, policy.on_missing_scope).unwrap();
+    gw.gateway.runtime().record_key("orders", &scope, &k)
 }
 
 async fn setup(store: &StoreKind, policy: &str, behavior: Behavior) -> (TestUpstream, TestGateway, Client) {
@@ -138,7 +135,7 @@ async fn bodies_over_the_limit_are_413_before_anything_is_claimed(store: StoreKi
     let r = raw_chunked_post(gw.addr, "/orders", "big2", big.as_bytes()).await;
     assert!(r.starts_with("HTTP/1.1 413"), "{r}");
     assert_eq!(upstream.executions(), 0);
-    assert_eq!(gw.gateway.store.get(&record_key(&gw, "big")).await.unwrap(), None, "nothing claimed");
+    assert_eq!(gw.gateway.runtime().store.get(&record_key(&gw, "big")).await.unwrap(), None, "nothing claimed");
     // The limit is inclusive of bodies that fit.
     let r = client.post_json("/orders", Some("small"), r#"{"sku":"x"}"#).await;
     assert_eq!(r.status, 201);
@@ -196,7 +193,7 @@ async fn client_disconnect_mid_flight_still_stores_the_result(store: StoreKind) 
 
     // The exchange finishes without its client and stores the answer.
     wait_for(|| async {
-        let entry = gw.gateway.store.get(&record_key(&gw, "\"gone\"")).await;
+        let entry = gw.gateway.runtime().store.get(&record_key(&gw, "\"gone\"")).await;
         matches!(entry, Ok(Some(e)) if matches!(e.state, EntryState::Completed { .. }))
     })
     .await;
@@ -211,7 +208,7 @@ async fn server_errors_release_the_key_and_the_retry_runs_again(store: StoreKind
     let (upstream, gw, client) = setup(&store, "", behavior).await;
     let r = client.post_json("/orders", Some("flaky"), ORDER).await;
     assert_eq!(r.status, 503, "the upstream's own 5xx is passed through");
-    let entry = gw.gateway.store.get(&record_key(&gw, "flaky")).await.unwrap().unwrap();
+    let entry = gw.gateway.runtime().store.get(&record_key(&gw, "flaky")).await.unwrap().unwrap();
     assert_eq!((entry.state, entry.attempt), (EntryState::Released, 1), "released, keeping the attempt");
     let r = client.post_json("/orders", Some("flaky"), ORDER).await;
     assert_eq!(r.status, 500);
@@ -272,6 +269,7 @@ async fn crashed_owner_is_taken_over_after_its_lease(store: StoreKind) {
     let body_fp = fingerprint_of(&gw, "crash", ORDER);
     let claim = gw
         .gateway
+        .runtime()
         .store
         .claim(&key, &body_fp, OwnerToken::generate(), Duration::from_millis(300), Duration::from_secs(60))
         .await
@@ -286,7 +284,7 @@ async fn crashed_owner_is_taken_over_after_its_lease(store: StoreKind) {
     assert!(!r.is_replay());
     assert!(started.elapsed() < Duration::from_secs(3), "taken over at lease expiry, not after the whole wait");
     assert_eq!(upstream.executions(), 1);
-    let entry = gw.gateway.store.get(&key).await.unwrap().unwrap();
+    let entry = gw.gateway.runtime().store.get(&key).await.unwrap().unwrap();
     assert!(matches!(entry.state, EntryState::Completed { .. }) && entry.attempt == 2, "{entry:?}");
     assert_eq!(upstream.seen()[0].headers["idempotency-attempt"], "2", "the takeover is announced as attempt 2");
 }
@@ -340,7 +338,7 @@ async fn oversized_responses_are_delivered_and_recorded_as_executed(store: Store
     assert!(r.body.len() > 4000, "the whole body reached the client");
     assert_eq!(r.json()["padding"].as_str().unwrap().len(), 4000);
     wait_for(|| async {
-        let entry = gw.gateway.store.get(&record_key(&gw, "huge")).await.unwrap();
+        let entry = gw.gateway.runtime().store.get(&record_key(&gw, "huge")).await.unwrap();
         matches!(entry, Some(e) if e.state == EntryState::Executed { status: 201 })
     })
     .await;
@@ -359,7 +357,7 @@ async fn upstream_timeout_is_504_and_holds_the_key_as_unknown(store: StoreKind) 
     let r = client.post_json("/orders", Some("slowpoke"), ORDER).await;
     assert_eq!(r.status, 504);
     assert_eq!(r.problem(), "outcome-unknown");
-    let entry = gw.gateway.store.get(&record_key(&gw, "slowpoke")).await.unwrap().unwrap();
+    let entry = gw.gateway.runtime().store.get(&record_key(&gw, "slowpoke")).await.unwrap().unwrap();
     assert_eq!(entry.state, EntryState::Unknown);
     // The upstream may well have acted on it: the retry is refused, nothing is forwarded.
     let retry = client.post_json("/orders", Some("slowpoke"), ORDER).await;
@@ -372,7 +370,7 @@ async fn upstream_timeout_on_a_release_route_lets_the_retry_run(store: StoreKind
     let (upstream, gw, client) = setup(&store, r#"on_unknown_outcome = "release""#, slow(3500)).await;
     let r = client.post_json("/orders", Some("slowpoke"), ORDER).await;
     assert_eq!((r.status.as_u16(), r.problem().as_str()), (504, "upstream-timeout"));
-    let entry = gw.gateway.store.get(&record_key(&gw, "slowpoke")).await.unwrap().unwrap();
+    let entry = gw.gateway.runtime().store.get(&record_key(&gw, "slowpoke")).await.unwrap().unwrap();
     assert_eq!((entry.state, entry.attempt), (EntryState::Released, 1));
     upstream.set(|b| b.delay = Duration::ZERO);
     let retry = client.post_json("/orders", Some("slowpoke"), ORDER).await;
@@ -648,7 +646,7 @@ async fn unreachable_upstream_is_502_and_releases() {
     let r = gw.client().post_json("/orders", Some("nowhere"), ORDER).await;
     assert_eq!(r.status, 502);
     assert_eq!(r.problem(), "upstream-unavailable");
-    assert_eq!(gw.gateway.store.get(&record_key(&gw, "nowhere")).await.unwrap(), None);
+    assert_eq!(gw.gateway.runtime().store.get(&record_key(&gw, "nowhere")).await.unwrap(), None);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -708,9 +706,9 @@ fn upstream_attempts(reply: &Reply) -> Option<&str> {
 
 /// The hex scope hash of the default caller on route `orders`.
 fn record_scope_hash(gw: &TestGateway) -> String {
-    let policy = gw.gateway.route("orders").unwrap().policy.clone().unwrap();
+    let policy = gw.gateway.policy("orders").unwrap();
     let h = HeaderMap::from_iter([(http::header::AUTHORIZATION, HeaderValue::from_static(DEFAULT_AUTH))]);
-    scope::derive(&policy.scope, policy.on_missing_scope, &h).unwrap().to_hex()
+    policy.scope(&h, policy.on_missing_scope).unwrap().to_hex()
 }
 
 fn client_addr(client: &Client) -> std::net::SocketAddr {
@@ -718,8 +716,7 @@ fn client_addr(client: &Client) -> std::net::SocketAddr {
 }
 
 fn fingerprint_of(gw: &TestGateway, raw_key: &str, body: &str) -> Fingerprint {
-    let route = gw.gateway.route("orders").unwrap();
-    let policy = route.policy.as_ref().unwrap();
+    let policy = gw.gateway.policy("orders").unwrap();
     let req = http::Request::builder()
         .method("POST")
         .uri("/orders")
@@ -727,7 +724,7 @@ fn fingerprint_of(gw: &TestGateway, raw_key: &str, body: &str) -> Fingerprint {
         .header("idempotency-key", raw_key)
         .body(())
         .unwrap();
-    idemgate::idempotent::fingerprint::compute("orders", &policy.fingerprint, &req.into_parts().0, body.as_bytes())
+    idemgate::policy::fingerprint::compute("orders", &policy.fingerprint, &req.into_parts().0, body.as_bytes())
 }
 
 fn evalsha_calls(redis: &RedisServer) -> u64 {

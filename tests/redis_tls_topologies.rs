@@ -11,12 +11,13 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use idemgate::config::RedisTls;
-use idemgate::idempotent::fingerprint::Fingerprint;
+use idemgate::policy::fingerprint::Fingerprint;
 use idemgate::store::{
     Backend, Claim, Engine, Final, OwnerToken, RecordKey, RedisStore, Settled, Store, StoredResponse,
 };
+use support::cluster::RedisCluster;
 use support::pki::Pki;
-use support::redis::{RedisCluster, SentinelSet};
+use support::sentinel::SentinelSet;
 
 const LEASE: Duration = Duration::from_secs(10);
 const TTL: Duration = Duration::from_secs(60);

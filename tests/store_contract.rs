@@ -11,13 +11,15 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode};
-use idemgate::idempotent::fingerprint::Fingerprint;
-use idemgate::idempotent::scope::{self, MissingScope, ScopeSource};
+use idemgate::policy::fingerprint::Fingerprint;
+use idemgate::policy::scope::{self, MissingScope, ScopeSource};
 use idemgate::store::{
     Backend, Claim, EntryState, Final, Lease, MemoryStore, OwnerToken, QuotaKey, RecordKey, RedisStore, Renewal, Sent,
     Settled, Store, StoredResponse,
 };
-use support::redis::{RedisCluster, RedisServer, SentinelSet};
+use support::cluster::RedisCluster;
+use support::redis::RedisServer;
+use support::sentinel::SentinelSet;
 
 const LEASE: Duration = Duration::from_millis(300);
 const TTL: Duration = Duration::from_secs(60);
@@ -176,9 +178,9 @@ async fn an_executed_record_answers_with_its_head(store: Backend, p: String) {
     let k = record(&p, "a");
     let lease = acquire(&store, &k, fp(1), LEASE).await;
     let head = response(b"");
-    assert_eq!(store.settle(&lease, Final::Executed(&head), RETENTION).await.unwrap(), Settled::Done);
+    assert_eq!(store.settle(&lease, Final::NotStored(&head), RETENTION).await.unwrap(), Settled::Done);
     match claim(&store, &k, fp(1)).await {
-        Claim::Executed(r) => assert_eq!(r, head),
+        Claim::NotStored(r) => assert_eq!(r, head),
         other => panic!("expected Executed, got {other:?}"),
     }
     assert_eq!(store.get(&k).await.unwrap().unwrap().state, EntryState::Executed { status: 201 });

@@ -2,25 +2,19 @@
 //! explicitly, runs thousands of generated operation sequences against the memory store and
 //! against the Lua scripts on a private `redis-server`, and every result must match the model.
 //!
-//! The model (one record per key; times in ms):
+//! The model is the state of a key as docs/architecture.md draws it ("The state of a key"),
+//! one record per key, with exact times (ms), which the drawing leaves out:
 //!
-//! ```text
-//! absent ──claim──▶ in_progress{fp, owner, deadline = now + lease, attempt 1}   expires now + max(ttl, lease)
-//! released{attempt}, any fp ──claim──▶ in_progress{.., attempt + 1}             expires now + max(ttl, lease)
-//! in_progress, same fp, deadline > now ──claim──▶ InFlight{deadline - now}
-//! in_progress, same fp, deadline <= now ──claim──▶ takeover: attempt + 1, new owner, new
-//!                                                   deadline, expires now + max(ttl, lease)
-//! any other record, other fp ──claim──▶ Mismatch (the fingerprint is compared first)
-//! completed, same fp ──claim──▶ Completed(response)
-//! executed, same fp ──claim──▶ Executed(status and headers)
-//! unknown, same fp ──claim──▶ Unknown{attempt}
-//! in_progress ──renew(owner)──▶ deadline = now + lease; if expires - now < lease, expires = now + ttl
-//! in_progress ──settle(owner, end)──▶ completed | executed | unknown, expires now + retention
-//! in_progress ──release(owner, sent)──▶ released{attempt, or attempt - 1 if not sent}, expires
-//!                                        now + ttl; absent when that leaves attempt 0
-//! in_progress | completed | executed | unknown ──purge──▶ released{attempt}, expiry kept
-//! a record whose expiry is <= now is absent
-//! ```
+//! - a claim that acquires (absent, released, or a lapsed lease taken over) sets the lease
+//!   deadline to now + lease and the expiry to now + max(ttl, lease); a claim of a released
+//!   record or a takeover counts attempt + 1; a live lease answers InFlight{deadline - now};
+//! - the fingerprint is compared first: any record but a released one answers Mismatch to
+//!   another fingerprint;
+//! - renew sets the deadline to now + lease, and the expiry to now + ttl when less than a lease
+//!   is left of it; settle expires the record now + retention; release expires it now + ttl,
+//!   with attempt - 1 when the request was not sent (absent when that leaves attempt 0); purge
+//!   keeps the expiry;
+//! - a record whose expiry is <= now is absent.
 //!
 //! Renew, settle and release by anyone but the current owner are `Lost` and write nothing;
 //! the owner may still settle after its own deadline as long as nobody took over.
@@ -37,7 +31,7 @@ use std::time::{Duration, Instant as RealInstant};
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode};
-use idemgate::idempotent::fingerprint::Fingerprint;
+use idemgate::policy::fingerprint::Fingerprint;
 use idemgate::store::{
     Claim, EntryState, Final, Lease, MemoryStore, OwnerToken, RecordKey, RedisStore, Renewal, Sent, Settled, Store,
     StoredResponse,
@@ -667,7 +661,7 @@ async fn run_case<S: Store>(
                         lease.attempt() == *attempt && lease.key() == &keys[key] && lease.duration() == LEASE
                     }
                     (Outcome::Replayed { response }, Claim::Completed(r)) => *r == responses[*response],
-                    (Outcome::ExecutedReplay { response }, Claim::Executed(r)) => *r == head(&responses[*response]),
+                    (Outcome::ExecutedReplay { response }, Claim::NotStored(r)) => *r == head(&responses[*response]),
                     (Outcome::UnknownRefused { attempt }, Claim::Unknown { attempt: a }) => attempt == a,
                     (Outcome::InFlight { lease_left_ms }, Claim::InFlight { lease_left }) => {
                         clock.matches(*lease_left_ms, *lease_left)
@@ -714,7 +708,7 @@ async fn run_case<S: Store>(
                     End::Response(r) => Final::Response(&responses[r]),
                     End::Executed(r) => {
                         executed = head(&responses[r]);
-                        Final::Executed(&executed)
+                        Final::NotStored(&executed)
                     }
                     End::Unknown => Final::Unknown,
                 };

@@ -3,7 +3,7 @@
 #![no_main]
 
 use http::Request;
-use idemgate::idempotent::fingerprint::{self, FingerprintSpec, JsonPointer};
+use idemgate::policy::fingerprint::{self, FingerprintSpec, JsonPointer};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

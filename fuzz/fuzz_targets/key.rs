@@ -11,10 +11,10 @@ fuzz_target!(|data: &[u8]| {
     let Ok(value) = HeaderValue::from_bytes(data) else { return };
     let mut headers = HeaderMap::new();
     headers.insert(H, value);
-    if let Ok(Some(key)) = idemgate::idempotent::key::extract(&headers, &H, 8192) {
+    if let Ok(Some(key)) = idemgate::policy::key::extract(&headers, &H, 8192) {
         let quoted = format!("\"{}\"", key.as_str().replace('\\', "\\\\").replace('"', "\\\""));
         headers.insert(H, HeaderValue::from_str(&quoted).expect("printable ASCII"));
-        let again = idemgate::idempotent::key::extract(&headers, &H, 8192).expect("a quoted key reads");
+        let again = idemgate::policy::key::extract(&headers, &H, 8192).expect("a quoted key reads");
         assert_eq!(again.map(|k| k.as_str().to_owned()).as_deref(), Some(key.as_str()));
     }
 });

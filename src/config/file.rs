@@ -3,7 +3,7 @@
 //! Unknown keys are errors: a misspelt `leas = "5s"` must fail loudly instead of silently
 //! running with the default lease. `source.rs` collects them all (rather than serde stopping
 //! at the first), so the tables here do not deny them themselves. Values are checked further
-//! in `validate.rs`, which turns this schema into the runtime [`Config`](super::Config).
+//! in `validate/`, which turns this schema into the runtime [`Config`](super::Config).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

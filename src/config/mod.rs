@@ -8,10 +8,16 @@
 //! runtime types the request path uses. Every error names the file, the key and the reason,
 //! and validation reports all problems at once rather than the first one only.
 
+mod defaults;
 mod file;
+mod redis_url;
 mod source;
+mod tls;
 mod units;
 mod validate;
+
+pub use self::redis_url::{Address, Auth, Target as RedisTarget};
+pub use self::tls::{ListenerTls, TlsError};
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -23,7 +29,7 @@ use http::{Method, Uri};
 use thiserror::Error;
 
 use crate::forwarded::TrustedProxies;
-use crate::idempotent::policy::IdempotencyPolicy;
+use crate::policy::IdempotencyPolicy;
 
 /// The validated configuration of one gateway process.
 #[derive(Debug, Clone)]
@@ -64,15 +70,6 @@ pub struct ServerConfig {
     pub log_format: LogFormat,
     /// TLS on the proxy listener: certificate chain and key files.
     pub tls: Option<ListenerTls>,
-}
-
-/// `[server.tls]`: PEM files, read when the listener starts and again on every reload.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ListenerTls {
-    /// Certificate chain, leaf first.
-    pub cert: PathBuf,
-    /// The leaf's private key.
-    pub key: PathBuf,
 }
 
 /// How log lines are written (`server.log_format`, `--log-format`).

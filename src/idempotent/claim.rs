@@ -9,20 +9,18 @@
 //! So the owner token is made before the call, and a claim whose outcome is unknown is
 //! released by that owner in the background (owner-checked, so a claim that was never made,
 //! or that is someone else's, is left alone), with a bounded number of retries. The fail-open
-//! path instead settles under the same token (see `handle`).
+//! path instead settles under the same token (see `handle`). A claim that was made but is
+//! refused before it is sent ([`Held`], see `admit`) is given back the same way.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::fingerprint::Fingerprint;
-use super::policy::IdempotencyPolicy;
-use crate::gateway::Gateway;
+use super::context::Ctx;
 use crate::metrics::ReleaseReason;
-use crate::route::Route;
-use crate::store::{Backend, Claim, Lease, OwnerToken, RecordKey, Sent, Settled, Store, StoreError, Watch};
-use tokio_util::task::TaskTracker;
+use crate::policy::fingerprint::Fingerprint;
+use crate::runtime::{Route, Runtime};
+use crate::store::{Claim, Lease, OwnerToken, RecordKey, Sent, Settled, Store, StoreError, Watch};
 
 /// How often, and how far apart, a ghost release is tried before it is left to the lease.
 const GHOST_TRIES: u32 = 5;
@@ -33,20 +31,22 @@ const GHOST_RECHECK: Duration = Duration::from_secs(1);
 /// Claims the key; while another request holds it, waits up to the route's `wait` for it to
 /// settle. The wait sleeps on a [`Watch`] (woken when the holder settles or releases, or when
 /// its lease runs out and the key can be taken over), never in a polling loop, and holds no
-/// store connection while asleep.
-pub async fn settled(
-    gw: &Gateway,
-    record: &RecordKey,
-    fingerprint: &Fingerprint,
-    owner: OwnerToken,
-    policy: &IdempotencyPolicy,
-) -> Result<Claim, StoreError> {
-    let store = &*gw.store;
+/// store connection while asleep. The time it takes counts as store time in the access line.
+pub async fn claim(rt: &Runtime, ctx: &mut Ctx<'_>, fingerprint: &Fingerprint) -> Result<Claim, StoreError> {
+    let started = Instant::now();
+    let claim = claim_or_wait(rt, ctx, fingerprint).await;
+    ctx.trace.store += started.elapsed();
+    claim
+}
+
+async fn claim_or_wait(rt: &Runtime, ctx: &Ctx<'_>, fingerprint: &Fingerprint) -> Result<Claim, StoreError> {
+    let (store, policy, record, owner) = (&*rt.store, &*ctx.route.policy, &ctx.record, ctx.owner);
+    let ttl = policy.in_progress_ttl();
     let claim_once = || async {
         // Armed while the call is on the wire: if this future is dropped there, the claim
         // (which Redis may have applied) is released in the background.
-        let mut guard = Ghost { store: &gw.store, tracker: &gw.exchanges, record, owner, policy, armed: true };
-        let claim = store.claim(record, fingerprint, owner, policy.lease, policy.in_progress_ttl()).await;
+        let mut guard = Ghost { rt, record, owner, ttl, armed: true };
+        let claim = store.claim(record, fingerprint, owner, policy.lease, ttl).await;
         guard.armed = false;
         claim
     };
@@ -64,9 +64,9 @@ pub async fn settled(
             return Ok(claim);
         }
         if let Some(watch) = watch.take() {
-            gw.metrics.waiting_duplicates.inc();
+            rt.metrics.waiting_duplicates.inc();
             watch.changed(deadline.min(now + lease_left)).await;
-            gw.metrics.waiting_duplicates.dec();
+            rt.metrics.waiting_duplicates.dec();
         }
         watch = Some(store.watch(record));
         claim = match claim_once().await {
@@ -82,26 +82,27 @@ pub async fn settled(
     }
 }
 
-/// Releases, in the background, the claim `owner` may hold on `record` after a claim call
-/// failed without a reply.
-pub fn release_ghost(gw: &Gateway, route: &Route, record: &RecordKey, owner: OwnerToken, policy: &IdempotencyPolicy) {
-    route.metrics.released(ReleaseReason::Ghost);
-    spawn_release(&gw.store, &gw.exchanges, record.clone(), owner, policy.in_progress_ttl());
+/// Releases, in the background, the claim this request may hold after its claim call failed
+/// without a reply.
+pub fn release_ghost(rt: &Runtime, ctx: &Ctx<'_>) {
+    ctx.route.metrics.released(ReleaseReason::Ghost);
+    spawn_release(rt, ctx.record.clone(), ctx.owner, ctx.route.policy.in_progress_ttl());
 }
 
 /// Releases a claim that was never forwarded (its attempt number is given back).
-pub async fn release_unsent(gw: &Gateway, route: &Route, key: &RecordKey, owner: OwnerToken, ttl: Duration) {
+pub async fn release_unsent(rt: &Runtime, route: &Route, held: Held<'_>) {
     route.metrics.released(ReleaseReason::NotSent);
-    if let Err(e) = gw.store.release(key, owner, Sent::No, ttl).await {
+    let (key, owner, ttl) = held.take().into_release();
+    if let Err(e) = rt.store.release(&key, owner, Sent::No, ttl).await {
         tracing::warn!(key = key.short(), error = %e, "cannot release a claim that was not forwarded; it expires with its lease");
     }
 }
 
-fn spawn_release(store: &Arc<Backend>, tracker: &TaskTracker, record: RecordKey, owner: OwnerToken, ttl: Duration) {
+fn spawn_release(rt: &Runtime, record: RecordKey, owner: OwnerToken, ttl: Duration) {
     // Without a runtime (the process is exiting) the claim is left to its lease.
     let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
-    let store = Arc::clone(store);
-    tracker.spawn_on(
+    let store = std::sync::Arc::clone(&rt.store);
+    rt.exchanges.spawn_on(
         async move {
             for attempt in 1..=GHOST_TRIES {
                 match store.release(&record, owner, Sent::No, ttl).await {
@@ -129,14 +130,14 @@ fn spawn_release(store: &Arc<Backend>, tracker: &TaskTracker, record: RecordKey,
 /// future was dropped at an await in between), it releases the claim in the background, as
 /// never forwarded.
 pub struct Held<'a> {
-    gw: &'a Gateway,
+    rt: &'a Runtime,
     lease: Option<Lease>,
 }
 
 impl<'a> Held<'a> {
     /// Holds `lease` for the handler.
-    pub fn new(gw: &'a Gateway, lease: Lease) -> Self {
-        Self { gw, lease: Some(lease) }
+    pub fn new(rt: &'a Runtime, lease: Lease) -> Self {
+        Self { rt, lease: Some(lease) }
     }
 
     /// The lease held.
@@ -155,7 +156,7 @@ impl Drop for Held<'_> {
     fn drop(&mut self) {
         if let Some(lease) = self.lease.take() {
             let (key, owner, ttl) = lease.into_release();
-            spawn_release(&self.gw.store, &self.gw.exchanges, key, owner, ttl);
+            spawn_release(self.rt, key, owner, ttl);
         }
     }
 }
@@ -163,18 +164,17 @@ impl Drop for Held<'_> {
 /// A claim call in flight; dropped while armed (its future was dropped mid-call), it releases
 /// the claim that call may have made. Disarmed once the reply is in.
 struct Ghost<'a> {
-    store: &'a Arc<Backend>,
-    tracker: &'a TaskTracker,
+    rt: &'a Runtime,
     record: &'a RecordKey,
     owner: OwnerToken,
-    policy: &'a IdempotencyPolicy,
+    ttl: Duration,
     armed: bool,
 }
 
 impl Drop for Ghost<'_> {
     fn drop(&mut self) {
         if self.armed {
-            spawn_release(self.store, self.tracker, self.record.clone(), self.owner, self.policy.in_progress_ttl());
+            spawn_release(self.rt, self.record.clone(), self.owner, self.ttl);
         }
     }
 }

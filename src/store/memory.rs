@@ -20,7 +20,7 @@ use super::{
     Claim, Entry, EntryState, Final, Lease, OwnerToken, QuotaKey, RecordKey, Renewal, Sent, Settled, Store, StoreError,
     StoredResponse, Watch,
 };
-use crate::idempotent::fingerprint::Fingerprint;
+use crate::policy::fingerprint::Fingerprint;
 
 /// The in-process store.
 pub struct MemoryStore {
@@ -184,7 +184,7 @@ impl Store for MemoryStore {
             }
             Some(slot) if slot.fingerprint != *fingerprint => return Ok(Claim::Mismatch),
             Some(Slot { state: State::Completed(response), .. }) => return Ok(Claim::Completed(response.clone())),
-            Some(Slot { state: State::Executed(response), .. }) => return Ok(Claim::Executed(response.clone())),
+            Some(Slot { state: State::Executed(response), .. }) => return Ok(Claim::NotStored(response.clone())),
             Some(Slot { state: State::Unknown, attempt, .. }) => return Ok(Claim::Unknown { attempt: *attempt }),
             Some(Slot { state: State::InProgress { deadline, .. }, .. }) if *deadline > now => {
                 return Ok(Claim::InFlight { lease_left: *deadline - now });
@@ -237,7 +237,7 @@ impl Store for MemoryStore {
         let now = Instant::now();
         let state = match outcome {
             Final::Response(r) => State::Completed(r.compact()),
-            Final::Executed(r) => State::Executed(r.compact()),
+            Final::NotStored(r) => State::Executed(r.compact()),
             Final::Unknown => State::Unknown,
         };
         {

@@ -1,15 +1,8 @@
 //! Store: the state of every key, shared by all gateway instances.
 //!
-//! ```text
-//! absent | released ──claim──▶ in_progress{fingerprint, owner, lease deadline, attempt}
-//! in_progress ──settle(owner, Response)─▶ completed{fingerprint, response}      (retention)
-//! in_progress ──settle(owner, Executed)─▶ executed{fingerprint, status+headers} (retention)
-//! in_progress ──settle(owner, Unknown)──▶ unknown{fingerprint, attempt}         (retention)
-//! in_progress ──release(owner)──────────▶ released{attempt}                     (retention)
-//! in_progress ──lease passes────────────▶ claimable again (takeover, attempt + 1)
-//! any ──purge (operator)────────────────▶ released{attempt}
-//! any ──retention passes────────────────▶ absent
-//! ```
+//! Each key is a small state machine (in progress, completed, executed, unknown, released),
+//! drawn once, with every transition, in docs/architecture.md ("The state of a key"); the
+//! [`Store`] trait has one method per transition.
 //!
 //! The attempt counts the executions that may have reached the upstream; the next execution
 //! of a released or taken-over key is announced upstream as attempt + 1 (a release of an
@@ -21,7 +14,9 @@
 //!
 //! Two backends implement [`Store`] and pass one conformance suite (`tests/store_contract.rs`):
 //! [`RedisStore`] (Lua scripts, any number of instances) and [`MemoryStore`] (one process).
+//! The configured one is a [`Backend`], which also times every call.
 
+mod backend;
 mod memory;
 mod record;
 mod redis;
@@ -30,22 +25,18 @@ mod waiters;
 use std::future::Future;
 use std::time::Duration;
 
-use prometheus_client::encoding::EncodeLabelSet;
-use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::histogram::Histogram;
 use sha2::{Digest, Sha256};
 use thiserror::Error;
 
+pub use self::backend::{Backend, CallLabel, Engine};
 pub use self::memory::MemoryStore;
 pub use self::record::{RecordError, StoredResponse};
 pub use self::redis::RedisStore;
-pub use self::redis::target::Target as RedisTarget;
 pub use self::waiters::Watch;
 
-use crate::config::{StoreBackendConfig, StoreConfig};
-use crate::idempotent::fingerprint::Fingerprint;
-use crate::idempotent::key::IdempotencyKey;
-use crate::idempotent::scope::Scope;
+use crate::policy::fingerprint::Fingerprint;
+use crate::policy::key::IdempotencyKey;
+use crate::policy::scope::Scope;
 
 /// The store's name for one (route, scope, key): a hash, so that client input never lands in
 /// a Redis key name (no injection, no steering of cluster hash slots).
@@ -176,7 +167,8 @@ pub enum Final<'a> {
     Response(&'a StoredResponse),
     /// The request ran and answered, but its body was too large to keep: the status and
     /// headers (the body empty), so retries learn what happened without running it again.
-    Executed(&'a StoredResponse),
+    /// The record's state is `executed`.
+    NotStored(&'a StoredResponse),
     /// The request was sent and no complete answer came back: nobody knows whether the
     /// upstream acted on it. Retries are refused until an operator purges the key.
     Unknown,
@@ -189,8 +181,9 @@ pub enum Claim {
     Acquired(Lease),
     /// The first request finished; here is its response to replay.
     Completed(StoredResponse),
-    /// The first request ran, but its body was not stored: its status and headers.
-    Executed(StoredResponse),
+    /// The first request ran, but its body was not stored (the record is `executed`): its
+    /// status and headers.
+    NotStored(StoredResponse),
     /// The first request was sent and its outcome is unknown; `attempt` executions may have
     /// reached the upstream.
     Unknown {
@@ -346,134 +339,4 @@ pub trait Store: Send + Sync {
 
     /// Whether the store answers.
     fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
-}
-
-/// The configured store engine.
-pub enum Engine {
-    /// Redis.
-    Redis(RedisStore),
-    /// In-process memory.
-    Memory(MemoryStore),
-}
-
-/// The configured backend: its engine, and how long each kind of call takes.
-pub struct Backend {
-    engine: Engine,
-    /// Latency of store calls, by call (`claim`, `settle`, ...).
-    calls: Family<CallLabel, Histogram>,
-}
-
-/// The `call` label of the store latency histogram.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct CallLabel {
-    call: &'static str,
-}
-
-impl Backend {
-    /// A backend over `engine`.
-    pub fn new(engine: Engine) -> Self {
-        Self { engine, calls: Family::new_with_constructor(crate::metrics::latency_histogram) }
-    }
-
-    /// Builds the backend named by the config. Redis connects lazily: a gateway starts (and
-    /// answers by its `on_store_error` policy) even while Redis is down.
-    pub fn from_config(config: &StoreConfig) -> Result<Self, StoreError> {
-        Ok(Self::new(match &config.backend {
-            StoreBackendConfig::Redis { url, connections, tls, password } => {
-                let password = password.as_ref().map(|p| p.0.as_str());
-                Engine::Redis(RedisStore::open(url, tls, password, *connections, config.timeout, &config.key_prefix)?)
-            }
-            StoreBackendConfig::Memory { max_entries, max_bytes } => {
-                Engine::Memory(MemoryStore::new(*max_entries, *max_bytes))
-            }
-        }))
-    }
-
-    /// `"redis"` or `"memory"`, for logs and metrics.
-    pub fn kind(&self) -> &'static str {
-        match self.engine {
-            Engine::Redis(_) => "redis",
-            Engine::Memory(_) => "memory",
-        }
-    }
-
-    /// The Redis engine, if that is the engine.
-    pub fn redis(&self) -> Option<&RedisStore> {
-        match &self.engine {
-            Engine::Redis(redis) => Some(redis),
-            Engine::Memory(_) => None,
-        }
-    }
-
-    /// The store latency histograms, for the metrics registry.
-    pub fn call_latency(&self) -> Family<CallLabel, Histogram> {
-        self.calls.clone()
-    }
-
-    /// Runs one store call, timing it under `call`.
-    async fn timed<T>(&self, call: &'static str, work: impl Future<Output = T>) -> T {
-        let started = std::time::Instant::now();
-        let out = work.await;
-        self.calls.get_or_create(&CallLabel { call }).observe(started.elapsed().as_secs_f64());
-        out
-    }
-}
-
-macro_rules! delegate {
-    ($self:ident, $name:literal, $s:ident => $call:expr) => {
-        $self
-            .timed($name, async {
-                match &$self.engine {
-                    Engine::Redis($s) => $call,
-                    Engine::Memory($s) => $call,
-                }
-            })
-            .await
-    };
-}
-
-impl Store for Backend {
-    async fn claim(
-        &self,
-        key: &RecordKey,
-        fp: &Fingerprint,
-        owner: OwnerToken,
-        lease: Duration,
-        ttl: Duration,
-    ) -> Result<Claim, StoreError> {
-        delegate!(self, "claim", s => s.claim(key, fp, owner, lease, ttl).await)
-    }
-    async fn renew(&self, lease: &Lease) -> Result<Renewal, StoreError> {
-        delegate!(self, "renew", s => s.renew(lease).await)
-    }
-    async fn settle(&self, lease: &Lease, outcome: Final<'_>, retention: Duration) -> Result<Settled, StoreError> {
-        delegate!(self, "settle", s => s.settle(lease, outcome, retention).await)
-    }
-    async fn release(
-        &self,
-        key: &RecordKey,
-        owner: OwnerToken,
-        sent: Sent,
-        ttl: Duration,
-    ) -> Result<Settled, StoreError> {
-        delegate!(self, "release", s => s.release(key, owner, sent, ttl).await)
-    }
-    async fn get(&self, key: &RecordKey) -> Result<Option<Entry>, StoreError> {
-        delegate!(self, "get", s => s.get(key).await)
-    }
-    async fn purge(&self, key: &RecordKey) -> Result<Option<&'static str>, StoreError> {
-        delegate!(self, "purge", s => s.purge(key).await)
-    }
-    fn watch(&self, key: &RecordKey) -> Watch {
-        match &self.engine {
-            Engine::Redis(s) => s.watch(key),
-            Engine::Memory(s) => s.watch(key),
-        }
-    }
-    async fn count_new_key(&self, key: &QuotaKey, window: Duration) -> Result<(u64, Duration), StoreError> {
-        delegate!(self, "quota", s => s.count_new_key(key, window).await)
-    }
-    async fn ping(&self) -> Result<(), StoreError> {
-        delegate!(self, "ping", s => s.ping().await)
-    }
 }

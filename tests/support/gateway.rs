@@ -3,9 +3,9 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use idemgate::Gateway;
+use idemgate::Server;
 use idemgate::config::Config;
-use idemgate::gateway::Gateway;
-use idemgate::server::Server;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod client;
+pub mod cluster;
 pub mod gateway;
 pub mod gateway_proc;
 pub mod pki;
@@ -11,6 +12,7 @@ pub mod process;
 pub mod proxy;
 pub mod raw_upstream;
 pub mod redis;
+pub mod sentinel;
 pub mod upstream;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -25,7 +27,7 @@ pub fn unique(prefix: &str) -> String {
 /// The store's name for the record of Idempotency-Key `name` on route `orders`, global scope;
 /// `prefix` keeps tests sharing one Redis apart.
 pub fn record_key(prefix: &str, name: &str) -> idemgate::store::RecordKey {
-    use idemgate::idempotent::{key, scope};
+    use idemgate::policy::{key, scope};
     let mut h = http::HeaderMap::new();
     h.insert("idempotency-key", http::HeaderValue::from_str(name).unwrap());
     let k = key::extract(&h, &http::HeaderName::from_static("idempotency-key"), 255).unwrap().unwrap();

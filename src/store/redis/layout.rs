@@ -18,7 +18,7 @@
 
 use bytes::Bytes;
 
-use crate::idempotent::fingerprint::Fingerprint;
+use crate::policy::fingerprint::Fingerprint;
 use crate::store::{OwnerToken, StoreError};
 
 /// Bytes before the stored response.

@@ -17,14 +17,17 @@
 //! Waiting duplicates are woken through pub/sub: a claim that finds the key in flight sets a
 //! flag on the record, and the owner's complete/release script publishes the key name on the
 //! gateway's channel only when that flag is set, so uncontended keys cost nothing (see
-//! `notify`). Where Redis is and how connections follow it is `links`; data-loss detection is
-//! `epoch`.
+//! `notify`). Where Redis is and how connections follow it is `links` (through a Sentinel
+//! failover, `sentinel`); data-loss detection is `epoch`; the scripts and their loading are
+//! `scripts`, and what one round trip sends and how its reply is read, `round_trip`.
 
 mod epoch;
 mod layout;
 mod links;
 mod notify;
-pub mod target;
+mod round_trip;
+mod scripts;
+mod sentinel;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -32,20 +35,22 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use prometheus_client::metrics::counter::Counter;
-use redis::{Cmd, ErrorKind, FromRedisValue, RedisWrite, Script, ServerErrorKind, ToRedisArgs, Value};
+use redis::{Cmd, ErrorKind, FromRedisValue, RedisWrite, ServerErrorKind, ToRedisArgs, Value};
 use tokio::task::JoinHandle;
 
 use self::layout::{Record, State};
 use self::links::{Links, Opened, unavailable};
-use self::target::Target;
+use self::round_trip::{Reply, Request, protocol};
+use self::scripts::{Lua, Scripts, load_scripts};
+use self::sentinel::Follower;
 
 use super::waiters::Waiters;
 use super::{
     Claim, Entry, EntryState, Final, Lease, OwnerToken, QuotaKey, RecordKey, Renewal, Sent, Settled, Store, StoreError,
     StoredResponse, Watch,
 };
-use crate::config::RedisTls;
-use crate::idempotent::fingerprint::Fingerprint;
+use crate::config::{RedisTarget as Target, RedisTls};
+use crate::policy::fingerprint::Fingerprint;
 
 /// Responses from this size on are settled through a side key (see `settle_aside`); below
 /// it, the extra command costs more than the copies it saves.
@@ -55,53 +60,6 @@ const ASIDE_FROM: usize = 16 * 1024;
 /// most this much extra wait) and while it is down.
 const POLL_SUBSCRIBED: Duration = Duration::from_secs(1);
 const POLL_UNSUBSCRIBED: Duration = Duration::from_millis(100);
-
-/// A script: its SHA for EVALSHA, its text for EVAL.
-struct Lua {
-    script: Script,
-    code: &'static str,
-}
-
-impl Lua {
-    fn new(code: &'static str) -> Self {
-        Self { script: Script::new(code), code }
-    }
-}
-
-struct Scripts {
-    claim: Lua,
-    renew: Lua,
-    settle: Lua,
-    release: Lua,
-    purge: Lua,
-    inspect: Lua,
-    quota: Lua,
-}
-
-impl Scripts {
-    fn all(&self) -> [&Lua; 7] {
-        [&self.claim, &self.renew, &self.settle, &self.release, &self.purge, &self.inspect, &self.quota]
-    }
-
-    fn new() -> Self {
-        // Scripts that read or write a record start with `record.lua`, the layout's one
-        // description on the Lua side (offsets, header, tombstone).
-        macro_rules! on_records {
-            ($file:literal) => {
-                Lua::new(concat!(include_str!("lua/record.lua"), include_str!($file)))
-            };
-        }
-        Self {
-            claim: on_records!("lua/claim.lua"),
-            renew: on_records!("lua/renew.lua"),
-            settle: on_records!("lua/settle.lua"),
-            release: on_records!("lua/release.lua"),
-            purge: on_records!("lua/purge.lua"),
-            inspect: on_records!("lua/inspect.lua"),
-            quota: Lua::new(include_str!("lua/quota.lua")),
-        }
-    }
-}
 
 /// Redis-backed store, shared by any number of gateway instances.
 pub struct RedisStore {
@@ -149,7 +107,7 @@ impl RedisStore {
         key_prefix: &str,
     ) -> Result<Self, StoreError> {
         let target = Target::parse(url).map_err(|e| StoreError::Unavailable(format!("bad Redis URL: {e}")))?;
-        let Opened { links, follower } = Links::open(target, tls, password, connections, timeout)?;
+        let Opened { links, sentinels } = Links::open(target, tls, password, connections, timeout)?;
         let scripts = Arc::new(Scripts::new());
         let channel = format!("{key_prefix}:settled");
         let waiters = Arc::new(Waiters::default());
@@ -169,8 +127,8 @@ impl RedisStore {
         if !links.is_cluster() {
             background.push(tokio::spawn(load_scripts(links.clone(), Arc::clone(&scripts))));
         }
-        if let Some(follower) = follower {
-            background.push(tokio::spawn(follower.run(links.clone())));
+        if let Some(sentinels) = sentinels {
+            background.push(tokio::spawn(Follower::new(sentinels).run(links.clone())));
         }
         let commands = Counter::default();
         let prefix = key_prefix.to_owned();
@@ -262,33 +220,6 @@ impl RedisStore {
     }
 }
 
-/// One command or a pipeline: what one round trip sends.
-enum Request {
-    One(Cmd),
-    Pipeline(redis::Pipeline),
-}
-
-impl From<Cmd> for Request {
-    fn from(cmd: Cmd) -> Self {
-        Self::One(cmd)
-    }
-}
-
-impl From<redis::Pipeline> for Request {
-    fn from(pipe: redis::Pipeline) -> Self {
-        Self::Pipeline(pipe)
-    }
-}
-
-impl Request {
-    async fn send<T: FromRedisValue>(&self, conn: &mut links::Link) -> redis::RedisResult<T> {
-        match self {
-            Self::One(cmd) => cmd.query_async(conn).await,
-            Self::Pipeline(pipe) => pipe.query_async(conn).await,
-        }
-    }
-}
-
 fn ms(d: Duration) -> u64 {
     // Redis rejects a zero expiry; every duration here is validated positive, keep it so.
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
@@ -321,7 +252,7 @@ impl Store for RedisStore {
             State::Released => {}
             _ if !record.fingerprint_is(fingerprint) => return Ok(Claim::Mismatch),
             State::Completed => return Ok(Claim::Completed(decode(record.response())?)),
-            State::Executed => return Ok(Claim::Executed(decode(record.response())?)),
+            State::Executed => return Ok(Claim::NotStored(decode(record.response())?)),
             State::Unknown => return Ok(Claim::Unknown { attempt: record.attempt }),
             State::InProgress => {}
         }
@@ -334,7 +265,7 @@ impl Store for RedisStore {
         match items.tag()?.as_slice() {
             b"acquired" => Ok(Claim::Acquired(Lease::new(key.clone(), owner, items.attempt()?, lease, ttl))),
             b"completed" => Ok(Claim::Completed(items.response()?)),
-            b"executed" => Ok(Claim::Executed(items.response()?)),
+            b"executed" => Ok(Claim::NotStored(items.response()?)),
             b"unknown" => Ok(Claim::Unknown { attempt: items.attempt()? }),
             b"inflight" => Ok(Claim::InFlight { lease_left: Duration::from_millis(items.int()?.max(0) as u64) }),
             b"mismatch" => Ok(Claim::Mismatch),
@@ -357,7 +288,7 @@ impl Store for RedisStore {
     async fn settle(&self, lease: &Lease, outcome: Final<'_>, retention: Duration) -> Result<Settled, StoreError> {
         let (state, response) = match outcome {
             Final::Response(r) => ("c", Some(r)),
-            Final::Executed(r) => ("x", Some(r)),
+            Final::NotStored(r) => ("x", Some(r)),
             Final::Unknown => ("u", None),
         };
         if let Some(large) = response.filter(|r| r.body.len() >= ASIDE_FROM) {
@@ -495,83 +426,4 @@ fn decode(response: Bytes) -> Result<StoredResponse, StoreError> {
 
 fn settled(n: i64) -> Result<Settled, StoreError> {
     Ok(if n == 1 { Settled::Done } else { Settled::Lost })
-}
-
-fn protocol(what: &str) -> StoreError {
-    StoreError::Protocol(what.to_owned())
-}
-
-/// Reads a script's array reply front to back.
-struct Reply(std::vec::IntoIter<Value>);
-
-impl Reply {
-    fn array(v: Value) -> Result<Self, StoreError> {
-        match v {
-            Value::Array(items) => Ok(Self(items.into_iter())),
-            other => Err(protocol(&format!("expected an array, got {other:?}"))),
-        }
-    }
-
-    fn integer(v: Value) -> Result<i64, StoreError> {
-        match v {
-            Value::Int(n) => Ok(n),
-            other => Err(protocol(&format!("expected an integer, got {other:?}"))),
-        }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.0.len() == 0
-    }
-
-    fn tag(&mut self) -> Result<Vec<u8>, StoreError> {
-        self.bytes()
-    }
-
-    fn bytes(&mut self) -> Result<Vec<u8>, StoreError> {
-        match self.0.next() {
-            Some(Value::BulkString(b)) => Ok(b),
-            Some(Value::SimpleString(s)) => Ok(s.into_bytes()),
-            other => Err(protocol(&format!("expected a string, got {other:?}"))),
-        }
-    }
-
-    fn attempt(&mut self) -> Result<u32, StoreError> {
-        u32::try_from(self.int()?).map_err(|_| protocol("attempt out of range"))
-    }
-
-    fn response(&mut self) -> Result<StoredResponse, StoreError> {
-        StoredResponse::decode(Bytes::from(self.bytes()?)).map_err(|e| protocol(&e.to_string()))
-    }
-
-    fn int(&mut self) -> Result<i64, StoreError> {
-        match self.0.next() {
-            Some(v) => Self::integer(v),
-            None => Err(protocol("reply too short")),
-        }
-    }
-}
-
-/// How long one script load may take at startup before it is tried again.
-const SCRIPT_LOAD_TIMEOUT: Duration = Duration::from_secs(2);
-
-/// Loads every script once Redis answers, so that the first calls after a start do not begin
-/// with a NOSCRIPT round trip. (After a Redis restart or failover, `query` falls back to EVAL.)
-async fn load_scripts(links: Links, scripts: Arc<Scripts>) {
-    let mut backoff = Duration::from_millis(50);
-    loop {
-        let Ok(mut conn) = links.pick() else {
-            tokio::time::sleep(backoff).await;
-            continue;
-        };
-        let mut loaded = true;
-        for script in scripts.all() {
-            let load = tokio::time::timeout(SCRIPT_LOAD_TIMEOUT, script.script.load_async(&mut conn)).await;
-            loaded &= matches!(load, Ok(Ok(_)));
-        }
-        if loaded {
-            return;
-        }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(5));
-    }
 }

@@ -13,8 +13,9 @@ use std::time::{Duration, Instant};
 use super::storm::{Storm, assert_ran_once, key, storm};
 use crate::common::{Report, gateway_toml, order, post_until_served, route};
 use crate::ledger::{Faults, Ledger};
+use crate::support::cluster::RedisCluster;
 use crate::support::gateway_proc::GatewayProc;
-use crate::support::redis::{RedisCluster, SentinelSet};
+use crate::support::sentinel::SentinelSet;
 use crate::support::unique;
 
 const KEYS: u32 = 300;

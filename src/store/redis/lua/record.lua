@@ -4,9 +4,10 @@
 --   state (1) | waiter flag (1) | attempt (10 digits) | lease mark (13 digits)
 --   | fingerprint (32) | owner (16) | the stored response
 --
--- States: "p" in progress, "c" completed (the response), "x" executed but the body was not
--- stored (status and headers), "u" outcome unknown, "r" released (a tombstone keeping the
--- attempt count; any request may claim it). The lease mark is the record's time to live
+-- States, one letter each (the transitions between them are drawn in docs/architecture.md):
+-- "p" in progress, "c" completed (the response), "x" executed but the body was not stored
+-- (status and headers), "u" outcome unknown, "r" released (a tombstone keeping the attempt
+-- count; any request may claim it). The lease mark is the record's time to live
 -- (PTTL) at which the lease ends: the lease is live while PTTL > mark, so times are Redis's
 -- own expiry clock, never a gateway's. The flag is "1" when a duplicate waits, so that the
 -- owner's settle or release publishes.

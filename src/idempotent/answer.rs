@@ -1,17 +1,26 @@
-//! Replay: answering a retry from the store.
+//! Answer: what the client gets, when the upstream answered it now and when the store does.
 //!
-//! The stored status, headers and body go out exactly as stored, plus the replay header so
-//! that clients and logs can tell a replay from a first execution. A replay never touches
-//! the upstream.
+//! A replay sends the stored status, headers and body exactly as stored, plus the replay
+//! header, so that clients and logs can tell a replay from a first execution; it never
+//! touches the upstream. A first answer goes out as the upstream gave it, in the client's
+//! protocol version, marked when its claim was taken over while it ran.
 
-use http::{HeaderName, HeaderValue, Response, header};
+use http::{HeaderName, HeaderValue, Response, header, response};
 
 use crate::body::{self, Body};
-use crate::error::{self, GatewayError};
+use crate::error::Problem;
+use crate::metrics::Outcome;
 use crate::store::StoredResponse;
 
+/// How a request is counted, and its response.
+pub type Served = (Outcome, Response<Body>);
+
+/// The header that tells a client how its key was handled when that is not plain: its
+/// claim was taken over while the request ran (`lease-lost`), or the store was bypassed.
+pub const STATUS_HEADER: &str = "idempotency-status";
+
 /// The response for a replayed request.
-pub fn respond(stored: StoredResponse, replay_header: &HeaderName) -> Response<Body> {
+pub fn replay(stored: StoredResponse, replay_header: &HeaderName) -> Response<Body> {
     let StoredResponse { status, mut headers, body } = stored;
     headers.insert(replay_header.clone(), HeaderValue::from_static("true"));
     headers.insert(header::DATE, now());
@@ -25,7 +34,7 @@ pub fn respond(stored: StoredResponse, replay_header: &HeaderName) -> Response<B
 /// problem `response-not-stored` with the original status and the stored headers (a
 /// `Location` still says where the resource is), and the replay header. Never a re-run.
 pub fn not_stored(head: StoredResponse, replay_header: &HeaderName, problem_base: &str) -> Response<Body> {
-    let mut response = error::respond(&GatewayError::ResponseNotStored { status: head.status }, problem_base);
+    let mut response = Problem::not_stored(head.status).respond(problem_base);
     for (name, value) in &head.headers {
         // The problem document brings its own type and length.
         if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH && name != header::CONTENT_ENCODING {
@@ -35,6 +44,17 @@ pub fn not_stored(head: StoredResponse, replay_header: &HeaderName, problem_base
     response.headers_mut().insert(replay_header.clone(), HeaderValue::from_static("true"));
     response.headers_mut().insert(header::DATE, now());
     response
+}
+
+/// The upstream's answer as the first client gets it (hop-by-hop headers were stripped as it
+/// arrived).
+pub fn first(mut parts: response::Parts, body: Body, lease_lost: bool) -> Response<Body> {
+    // The client's protocol version, not the upstream's (see `proxy::relay`).
+    parts.version = http::Version::HTTP_11;
+    if lease_lost {
+        parts.headers.insert(STATUS_HEADER, HeaderValue::from_static("lease-lost"));
+    }
+    Response::from_parts(parts, body)
 }
 
 /// `Date` for a replay: when it is sent, not when the first answer was (RFC 9110 §6.6.1).

@@ -1,13 +1,27 @@
 //! The idempotency policy of one route: everything `[routes.idempotency]` decides, parsed and
-//! checked once at load so the request path reads plain values.
+//! checked once at load so the request path reads plain values, and the three readings of a
+//! request that the policy defines:
+//!
+//! - [`key`]: the `Idempotency-Key` header, as the IETF draft spells it;
+//! - [`scope`]: whose key it is (the caller, from authentication, never from the body);
+//! - [`fingerprint`]: what makes two requests the same request.
+//!
+//! These are what a route promises its clients (`idemgate policy` publishes them), so they
+//! live apart from the request path that applies them: the configuration builds them, the
+//! store names records by them, the request path reads requests with them.
+
+pub mod fingerprint;
+pub mod key;
+pub mod scope;
 
 use std::time::Duration;
 
-use http::{HeaderName, StatusCode};
+use http::{HeaderMap, HeaderName, StatusCode};
 
+use self::fingerprint::FingerprintSpec;
+use self::key::{IdempotencyKey, KeyError};
+use self::scope::{MissingScope, Scope, ScopeMissing, ScopeSource};
 use crate::headers::StoredHeaders;
-use crate::idempotent::fingerprint::FingerprintSpec;
-use crate::idempotent::scope::{MissingScope, ScopeSource};
 
 /// What an idempotent route does, per request.
 #[derive(Debug, Clone)]
@@ -104,6 +118,17 @@ impl UnknownOutcomePolicy {
 }
 
 impl IdempotencyPolicy {
+    /// The request's key, read as this route reads it; `Ok(None)` when it sent none.
+    pub fn key(&self, headers: &HeaderMap) -> Result<Option<IdempotencyKey>, KeyError> {
+        key::extract(headers, &self.header, self.max_key_len)
+    }
+
+    /// The caller's scope, read from this route's sources; `missing` says what a request
+    /// without one of them gets (the route's `on_missing_scope` on the request path).
+    pub fn scope(&self, headers: &HeaderMap, missing: MissingScope) -> Result<Scope, ScopeMissing> {
+        scope::derive(&self.scope, missing, headers)
+    }
+
     /// How long an in-progress record may live in the store at most: long enough for the
     /// lease, and as long as the retention so that a crashed claim still answers 422 to a
     /// different body under its key until the key would have expired anyway.

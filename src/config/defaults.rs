@@ -1,0 +1,42 @@
+//! Defaults, in one place so that docs/configuration.md can be checked against them.
+
+use std::time::Duration;
+
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(8);
+pub const LOG_FORMAT: &str = "pretty";
+pub const ON_STORE_ERROR: &str = "fail-closed";
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+pub const MAX_CONNECTIONS: usize = 10_000;
+pub const MAX_HEADER_BYTES: u64 = 64 << 10;
+pub const MAX_EXCHANGES: usize = 4096;
+pub const MAX_EXCHANGES_PER_CONNECTION: usize = 100;
+pub const MAX_RESET_STREAMS: usize = 100;
+pub const H2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
+pub const PROBLEM_BASE: &str = "https://github.com/idemgate/idemgate/blob/main/docs/errors.md#";
+pub const STORE_TIMEOUT: Duration = Duration::from_secs(1);
+/// One multiplexed connection pipelines every concurrent call into shared writes; more
+/// split those batches (more syscalls on both ends) and add no parallelism to a Redis
+/// that runs commands on one thread.
+pub const CONNECTIONS: usize = 1;
+pub const KEY_PREFIX: &str = "idemgate";
+pub const MAX_ENTRIES: usize = 100_000;
+pub const MAX_BYTES: u64 = 256 << 20;
+pub const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+pub const KEY_HEADER: &str = "idempotency-key";
+pub const MAX_KEY_LEN: usize = 255;
+pub const SCOPE: &str = "header:Authorization";
+pub const LEASE: Duration = Duration::from_secs(10);
+pub const WAIT: Duration = Duration::from_secs(5);
+pub const RETENTION: Duration = Duration::from_secs(24 * 3600);
+/// What began executing: 2xx, 3xx and 4xx, except the 4xx that mean "not processed" or
+/// "try again" (docs/idempotency-policy.md explains each).
+pub const STORE_STATUSES: &[&str] = &["2xx", "3xx", "4xx", "!400", "!408", "!409", "!422", "!425", "!429"];
+pub const ON_MISSING_SCOPE: &str = "reject";
+pub const ON_UNKNOWN_OUTCOME: &str = "hold";
+pub const ATTEMPT_HEADER: &str = "idempotency-attempt";
+pub const MAX_REQUEST_BODY: u64 = 1 << 20;
+pub const MAX_STORED_BODY: u64 = 1 << 20;
+pub const REPLAY_HEADER: &str = "idempotent-replay";

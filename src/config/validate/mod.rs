@@ -1,0 +1,127 @@
+//! Checks every value of a parsed file and builds the runtime [`Config`].
+//!
+//! Problems are collected, not returned at the first one: an operator fixing a file should
+//! see everything that is wrong with it in one run of `idemgate check`. One file per part of
+//! the file: [`server`] (`[server]`), [`store`] (`[store]`), [`routes`] (`[upstreams]` and
+//! `[[routes]]` with their policies); the checks shared by all of them, and the warnings, are
+//! here.
+
+mod routes;
+mod server;
+mod store;
+
+use std::time::Duration;
+
+use http::HeaderName;
+
+use super::file::File;
+use super::units::{HumanDuration, HumanSize};
+use super::{Config, Issue, UpstreamConfig};
+
+#[derive(Default)]
+pub(super) struct Issues(Vec<Issue>);
+
+impl Issues {
+    pub(super) fn add(&mut self, key: impl Into<String>, reason: impl Into<String>) {
+        self.0.push(Issue { key: key.into(), reason: reason.into(), line: None });
+    }
+
+    /// Records the error of `result` under `key` and passes the value on.
+    pub(super) fn check<T>(&mut self, key: &str, result: Result<T, String>) -> Option<T> {
+        result.map_err(|reason| self.add(key, reason)).ok()
+    }
+}
+
+/// Builds the runtime config; `env` looks up environment variables (the secrets a file may
+/// name instead of holding).
+pub(super) fn build(file: File, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, Vec<Issue>> {
+    let mut issues = Issues::default();
+    let server = server::server(&file.server, env, &mut issues);
+    let store = store::store(&file.store, env, &mut issues);
+    let upstreams: Vec<UpstreamConfig> =
+        file.upstreams.iter().filter_map(|(name, section)| routes::upstream(name, section, &mut issues)).collect();
+    let routes = routes::routes(&file, &mut issues);
+    match (server, store, issues.0.is_empty()) {
+        (Some(server), Some(store), true) => Ok(Config { server, store, upstreams, routes, warnings: Vec::new() }),
+        _ => Err(issues.0),
+    }
+}
+
+pub(super) fn header_name(issues: &mut Issues, key: &str, name: &str) -> Option<HeaderName> {
+    issues
+        .check(key, HeaderName::from_bytes(name.as_bytes()).map_err(|_| format!("{name:?} is not a valid header name")))
+}
+
+pub(super) fn positive_duration(
+    issues: &mut Issues,
+    key: &str,
+    value: Option<HumanDuration>,
+    default: Duration,
+) -> Duration {
+    let d = value.map_or(default, |d| d.0);
+    if d.is_zero() {
+        issues.add(key, "must be longer than 0");
+    }
+    d
+}
+
+pub(super) fn positive_size(issues: &mut Issues, key: &str, value: Option<HumanSize>, default: u64) -> u64 {
+    let n = value.map_or(default, |s| s.0);
+    if n == 0 {
+        issues.add(key, "must be larger than 0");
+    }
+    n
+}
+
+pub(super) fn body_limit(issues: &mut Issues, key: &str, value: Option<HumanSize>, default: u64) -> Option<usize> {
+    let n = positive_size(issues, key, value, default);
+    // Bodies are held in memory whole; anything above 1 GiB is a typo, not a plan.
+    if n > 1 << 30 {
+        issues.add(key, "must be at most 1GiB");
+        return None;
+    }
+    usize::try_from(n).ok()
+}
+
+/// Settings that are valid but undermine the guarantee, as warnings for `check` and startup.
+///
+/// - Without renewal, a lease shorter than the upstream's timeout passes while a slow request
+///   still runs; a retry then takes the key over and runs the request a second time.
+/// - A lease shorter than three store timeouts leaves too little room for renewals, which are
+///   store calls too, to land before it passes.
+pub(super) fn warnings(config: &Config) -> Vec<Issue> {
+    let mut out = Issues::default();
+    if let Some(admin) = config.server.admin_listen
+        && !admin.ip().is_loopback()
+    {
+        out.add(
+            "server.admin_listen",
+            format!("{admin} is not a loopback address: keep the admin listener (metrics, key release) off networks clients reach"),
+        );
+    }
+    for (i, route) in config.routes.iter().enumerate() {
+        let Some(policy) = &route.idempotency else { continue };
+        let key = format!("routes[{i}].idempotency.lease");
+        let upstream = config.upstreams.iter().find(|u| u.name == route.upstream);
+        if let Some(upstream) = upstream.filter(|u| !policy.renew && policy.lease < u.timeout) {
+            out.add(
+                &key,
+                format!(
+                    "{:?} is shorter than upstreams.{}.timeout ({:?}) and renew = false: a request slower \
+                     than the lease can be taken over and run a second time",
+                    policy.lease, upstream.name, upstream.timeout
+                ),
+            );
+        }
+        if policy.lease < config.store.timeout * 3 {
+            out.add(
+                &key,
+                format!(
+                    "{:?} is less than 3 × store.timeout ({:?}): renewals may not land before it passes",
+                    policy.lease, config.store.timeout
+                ),
+            );
+        }
+    }
+    out.0
+}

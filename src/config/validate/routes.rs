@@ -1,0 +1,221 @@
+//! `[upstreams]` and `[[routes]]`, with each route's `[routes.idempotency]` policy.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderName, Method, Uri};
+
+use super::{Issues, body_limit, header_name, positive_duration};
+use crate::config::defaults;
+use crate::config::file::{self, File, IdempotencySection, OneOrMany, StatusEntry};
+use crate::config::{RouteConfig, UpstreamConfig};
+use crate::headers::{self, StoredHeaders};
+use crate::policy::fingerprint::{FingerprintSpec, JsonPointer};
+use crate::policy::scope::{MissingScope, ScopeSource};
+use crate::policy::{IdempotencyPolicy, Quota, StatusSet, StoreFailurePolicy, UnknownOutcomePolicy};
+use crate::router::{RouteSpec, Router, RouterError};
+
+/// Longest key anyone could reasonably need; bounds the work done per key.
+const MAX_KEY_LEN_LIMIT: usize = 8192;
+
+pub(super) fn upstream(name: &str, s: &file::UpstreamSection, issues: &mut Issues) -> Option<UpstreamConfig> {
+    let key = format!("upstreams.{name}");
+    let url = issues.check(&format!("{key}.url"), upstream_url(&s.url));
+    let timeout = positive_duration(issues, &format!("{key}.timeout"), s.timeout, defaults::UPSTREAM_TIMEOUT);
+    let connect_timeout =
+        positive_duration(issues, &format!("{key}.connect_timeout"), s.connect_timeout, defaults::CONNECT_TIMEOUT);
+    if let Some(path) = &s.ca_file {
+        if url.as_ref().is_some_and(|u| u.scheme_str() != Some("https")) {
+            issues.add(format!("{key}.ca_file"), "applies to https:// upstreams only");
+        } else if let Err(e) = std::fs::metadata(path) {
+            issues.add(format!("{key}.ca_file"), format!("cannot read {}: {e}", path.display()));
+        }
+    }
+    Some(UpstreamConfig { name: name.to_owned(), url: url?, timeout, connect_timeout, ca_file: s.ca_file.clone() })
+}
+
+fn upstream_url(text: &str) -> Result<Uri, String> {
+    let uri: Uri = text.parse().map_err(|e| format!("{text:?} is not a URL: {e}"))?;
+    match uri.scheme_str() {
+        Some("http" | "https") => {}
+        _ => return Err(format!("{text:?} must start with http:// or https://")),
+    }
+    if uri.authority().is_none_or(|a| a.host().is_empty()) {
+        return Err(format!("{text:?} has no host"));
+    }
+    if uri.query().is_some() {
+        return Err(format!("{text:?} must not have a query"));
+    }
+    Ok(uri)
+}
+
+pub(super) fn routes(file: &File, issues: &mut Issues) -> Vec<RouteConfig> {
+    if file.routes.is_empty() {
+        issues.add("routes", "no [[routes]] are defined; the gateway would answer 404 to everything");
+    }
+    let mut names = HashSet::new();
+    let mut out = Vec::with_capacity(file.routes.len());
+    for (i, r) in file.routes.iter().enumerate() {
+        let key = format!("routes[{i}]");
+        if r.name.is_empty() || !r.name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) {
+            issues.add(format!("{key}.name"), format!("{:?} must be non-empty and use only A-Z a-z 0-9 - _ .", r.name));
+        } else if !names.insert(r.name.as_str()) {
+            issues.add(format!("{key}.name"), format!("{:?} is used by an earlier route", r.name));
+        }
+        if !file.upstreams.contains_key(&r.upstream) {
+            issues.add(format!("{key}.upstream"), format!("{:?} is not defined under [upstreams]", r.upstream));
+        }
+        let methods = r.methods.as_ref().map(|ms| methods(&format!("{key}.methods"), ms, issues));
+        let idempotency = r.idempotency.as_ref().and_then(|s| policy(&format!("{key}.idempotency"), s, issues));
+        out.push(RouteConfig {
+            name: r.name.clone(),
+            methods,
+            path: r.path.clone(),
+            upstream: r.upstream.clone(),
+            idempotency: idempotency.map(Arc::new),
+        });
+    }
+    let specs =
+        out.iter().map(|r| RouteSpec { name: &r.name, pattern: &r.path, methods: r.methods.as_deref(), value: () });
+    if let Err(e) = Router::new(specs) {
+        let index = match &e {
+            RouterError::Pattern { index, .. } | RouterError::Overlap { index, .. } => *index,
+        };
+        issues.add(format!("routes[{index}].path"), e.to_string());
+    }
+    out
+}
+
+fn methods(key: &str, names: &[String], issues: &mut Issues) -> Vec<Method> {
+    if names.is_empty() {
+        issues.add(key, "is empty; leave it out to match every method");
+    }
+    let mut out = Vec::new();
+    for name in names {
+        match Method::from_bytes(name.as_bytes()) {
+            Ok(m) if name.bytes().all(|b| b.is_ascii_uppercase()) => {
+                if out.contains(&m) {
+                    issues.add(key, format!("{name:?} is listed twice"));
+                }
+                out.push(m);
+            }
+            _ => issues.add(key, format!("{name:?} is not an HTTP method in upper case, like \"POST\"")),
+        }
+    }
+    out
+}
+
+fn policy(key: &str, s: &IdempotencySection, issues: &mut Issues) -> Option<IdempotencyPolicy> {
+    let header = header_name(issues, &format!("{key}.header"), s.header.as_deref().unwrap_or(defaults::KEY_HEADER));
+    if header.as_ref().is_some_and(headers::is_hop_by_hop) {
+        issues.add(format!("{key}.header"), "a hop-by-hop header cannot carry the key");
+    }
+    let max_key_len = s.max_key_len.unwrap_or(defaults::MAX_KEY_LEN);
+    if !(1..=MAX_KEY_LEN_LIMIT).contains(&max_key_len) {
+        issues.add(format!("{key}.max_key_len"), format!("must be between 1 and {MAX_KEY_LEN_LIMIT}"));
+    }
+    let scope_entries = s.scope.as_ref().map_or_else(|| vec![defaults::SCOPE], OneOrMany::entries);
+    let scope = issues.check(&format!("{key}.scope"), ScopeSource::parse(&scope_entries));
+    let on_missing_scope = issues.check(
+        &format!("{key}.on_missing_scope"),
+        MissingScope::parse(s.on_missing_scope.as_deref().unwrap_or(defaults::ON_MISSING_SCOPE)),
+    );
+    let on_unknown_outcome = issues.check(
+        &format!("{key}.on_unknown_outcome"),
+        UnknownOutcomePolicy::parse(s.on_unknown_outcome.as_deref().unwrap_or(defaults::ON_UNKNOWN_OUTCOME)),
+    );
+    let attempt_header = match s.attempt_header.as_deref().unwrap_or(defaults::ATTEMPT_HEADER) {
+        "" => Some(None),
+        name => header_name(issues, &format!("{key}.attempt_header"), name).map(Some),
+    };
+    let ignore: Vec<JsonPointer> = s
+        .ignore
+        .iter()
+        .flatten()
+        .filter_map(|p| issues.check(&format!("{key}.ignore"), JsonPointer::parse(p)))
+        .collect();
+    let fingerprint_headers: Vec<HeaderName> = s
+        .fingerprint_headers
+        .iter()
+        .flatten()
+        .filter_map(|h| header_name(issues, &format!("{key}.fingerprint_headers"), h))
+        .collect();
+    let lease = positive_duration(issues, &format!("{key}.lease"), s.lease, defaults::LEASE);
+    if lease < Duration::from_millis(10) {
+        issues.add(format!("{key}.lease"), "must be at least 10ms");
+    }
+    let wait = s.wait.map_or(defaults::WAIT, |d| d.0);
+    let retention = positive_duration(issues, &format!("{key}.retention"), s.retention, defaults::RETENTION);
+    let store_statuses = statuses(&format!("{key}.store_statuses"), s.store_statuses.as_deref(), issues);
+    let max_request_body =
+        body_limit(issues, &format!("{key}.max_request_body"), s.max_request_body, defaults::MAX_REQUEST_BODY);
+    let max_stored_body =
+        body_limit(issues, &format!("{key}.max_stored_body"), s.max_stored_body, defaults::MAX_STORED_BODY);
+    let exclude_headers: Vec<HeaderName> = s
+        .exclude_headers
+        .iter()
+        .flatten()
+        .filter_map(|h| header_name(issues, &format!("{key}.exclude_headers"), h))
+        .collect();
+    let max_new_keys = match &s.max_new_keys {
+        None => Some(None),
+        Some(text) => issues.check(&format!("{key}.max_new_keys"), Quota::parse(text)).map(Some),
+    };
+    let replay_headers: Option<Vec<HeaderName>> = s
+        .replay_headers
+        .as_ref()
+        .map(|names| names.iter().filter_map(|h| header_name(issues, &format!("{key}.replay_headers"), h)).collect());
+    let on_store_error = issues.check(
+        &format!("{key}.on_store_error"),
+        StoreFailurePolicy::parse(s.on_store_error.as_deref().unwrap_or(defaults::ON_STORE_ERROR)),
+    );
+    let replay_header = header_name(
+        issues,
+        &format!("{key}.replay_header"),
+        s.replay_header.as_deref().unwrap_or(defaults::REPLAY_HEADER),
+    );
+    Some(IdempotencyPolicy {
+        required: s.required.unwrap_or(true),
+        header: header?,
+        max_key_len,
+        scope: scope?,
+        on_missing_scope: on_missing_scope?,
+        on_unknown_outcome: on_unknown_outcome?,
+        attempt_header: attempt_header?,
+        max_new_keys: max_new_keys?,
+        fingerprint: FingerprintSpec { ignore, headers: fingerprint_headers },
+        lease,
+        renew: s.renew.unwrap_or(true),
+        wait,
+        retention,
+        store_statuses: store_statuses?,
+        max_request_body: max_request_body?,
+        max_stored_body: max_stored_body?,
+        stored_headers: StoredHeaders { allow: replay_headers, exclude: exclude_headers },
+        on_store_error: on_store_error?,
+        replay_header: replay_header?,
+    })
+}
+
+fn statuses(key: &str, entries: Option<&[StatusEntry]>, issues: &mut Issues) -> Option<StatusSet> {
+    let texts: Vec<String> = match entries {
+        None => defaults::STORE_STATUSES.iter().map(|s| (*s).to_owned()).collect(),
+        Some(entries) => entries
+            .iter()
+            .map(|entry| match entry {
+                StatusEntry::Code(code) => code.to_string(),
+                StatusEntry::Text(text) => text.clone(),
+            })
+            .collect(),
+    };
+    match StatusSet::from_entries(&texts) {
+        Ok(set) => Some(set),
+        Err(errors) => {
+            for e in errors {
+                issues.add(key, e);
+            }
+            None
+        }
+    }
+}

@@ -1,0 +1,125 @@
+//! `[server]`: listeners, the admin token, limits, forwarding, logging, TLS.
+
+use std::net::SocketAddr;
+
+use http::Uri;
+
+use super::{Issues, positive_duration, positive_size};
+use crate::config::defaults;
+use crate::config::file;
+use crate::config::{Limits, ListenerTls, LogFormat, ServerConfig};
+use crate::forwarded::TrustedProxies;
+
+pub(super) fn server(
+    s: &file::ServerSection,
+    env: &dyn Fn(&str) -> Option<String>,
+    issues: &mut Issues,
+) -> Option<ServerConfig> {
+    let listen = issues.check("server.listen", socket_addr(&s.listen));
+    let admin_listen = s.admin_listen.as_ref().and_then(|a| issues.check("server.admin_listen", socket_addr(a)));
+    if let (Some(l), Some(a)) = (listen, admin_listen)
+        && l == a
+        && l.port() != 0
+    {
+        issues.add("server.admin_listen", "must differ from server.listen");
+    }
+    let admin_token = match (&s.admin_token, &s.admin_token_env) {
+        (Some(_), Some(_)) => {
+            issues.add("server.admin_token_env", "give admin_token or admin_token_env, not both");
+            None
+        }
+        (Some(token), None) => Some((token.clone(), "server.admin_token")),
+        (None, Some(var)) => match env(var) {
+            Some(token) => Some((token, "server.admin_token_env")),
+            None => {
+                issues.add("server.admin_token_env", format!("the environment variable {var:?} is not set"));
+                None
+            }
+        },
+        (None, None) => None,
+    };
+    if let Some((token, key)) = &admin_token
+        && token.trim().len() < 16
+    {
+        issues.add(*key, "the token must be at least 16 characters (it guards key purges)");
+    }
+    let admin_token = admin_token.map(|(token, _)| token);
+    let problem_base = s.problem_base.clone().unwrap_or_else(|| defaults::PROBLEM_BASE.to_owned());
+    if problem_base.parse::<Uri>().map_or(true, |u| u.scheme().is_none()) {
+        issues.add("server.problem_base", format!("{problem_base:?} is not an absolute URI"));
+    }
+    if s.worker_threads.is_some_and(|n| !(1..=1024).contains(&n)) {
+        issues.add("server.worker_threads", "must be between 1 and 1024");
+    }
+    let limits = limits(s, issues);
+    let trusted_proxies =
+        issues.check("server.trusted_proxies", TrustedProxies::parse(s.trusted_proxies.as_deref().unwrap_or_default()));
+    let log_format =
+        issues.check("server.log_format", LogFormat::parse(s.log_format.as_deref().unwrap_or(defaults::LOG_FORMAT)));
+    let tls = s.tls.as_ref().and_then(|t| {
+        issues.check("server.tls", ListenerTls::load(t.cert.clone(), t.key.clone()).map_err(|e| e.to_string()))
+    });
+    Some(ServerConfig {
+        tls,
+        log_format: log_format?,
+        worker_threads: s.worker_threads,
+        listen: listen?,
+        admin_listen,
+        admin_token,
+        shutdown_grace: s.shutdown_grace.map_or(defaults::SHUTDOWN_GRACE, |d| d.0),
+        problem_base,
+        limits: limits?,
+        trusted_proxies: trusted_proxies?,
+    })
+}
+
+fn limits(s: &file::ServerSection, issues: &mut Issues) -> Option<Limits> {
+    let count = |issues: &mut Issues, key: &str, value: Option<usize>, default: usize, max: usize| {
+        let n = value.unwrap_or(default);
+        if !(1..=max).contains(&n) {
+            issues.add(format!("server.{key}"), format!("must be between 1 and {max}"));
+        }
+        n
+    };
+    let header_read_timeout =
+        positive_duration(issues, "server.header_read_timeout", s.header_read_timeout, defaults::HEADER_READ_TIMEOUT);
+    let max_header_bytes =
+        positive_size(issues, "server.max_header_bytes", s.max_header_bytes, defaults::MAX_HEADER_BYTES);
+    // hyper reads a head into a buffer of at least 8 KiB; a smaller limit cannot be kept.
+    if !(8 << 10..=1 << 20).contains(&max_header_bytes) {
+        issues.add("server.max_header_bytes", "must be between 8KiB and 1MiB");
+    }
+    Some(Limits {
+        header_read_timeout,
+        body_read_timeout: positive_duration(
+            issues,
+            "server.body_read_timeout",
+            s.body_read_timeout,
+            defaults::BODY_READ_TIMEOUT,
+        ),
+        idle_timeout: positive_duration(issues, "server.idle_timeout", s.idle_timeout, defaults::IDLE_TIMEOUT),
+        max_connections: count(issues, "max_connections", s.max_connections, defaults::MAX_CONNECTIONS, 1 << 20),
+        max_header_bytes: usize::try_from(max_header_bytes).ok()?,
+        max_exchanges: count(issues, "max_exchanges", s.max_exchanges, defaults::MAX_EXCHANGES, 1 << 20),
+        max_exchanges_per_connection: count(
+            issues,
+            "max_exchanges_per_connection",
+            s.max_exchanges_per_connection,
+            defaults::MAX_EXCHANGES_PER_CONNECTION,
+            1 << 16,
+        ),
+        max_reset_streams: count(
+            issues,
+            "max_reset_streams",
+            s.max_reset_streams,
+            defaults::MAX_RESET_STREAMS,
+            1 << 20,
+        ),
+        h2_keepalive_interval: Some(s.h2_keepalive_interval.map_or(defaults::H2_KEEPALIVE_INTERVAL, |d| d.0))
+            .filter(|d| !d.is_zero()),
+    })
+}
+
+fn socket_addr(text: &str) -> Result<SocketAddr, String> {
+    text.parse().map_err(|_| format!("{text:?} is not an IP address with a port, like \"0.0.0.0:8080\""))
+}

@@ -1,0 +1,21 @@
+//! The state of one request as it goes through the phases: created once, after `identify`,
+//! and passed on instead of a growing list of arguments.
+
+use std::sync::Arc;
+
+use crate::access::Trace;
+use crate::runtime::IdempotentRoute;
+use crate::store::{OwnerToken, RecordKey};
+
+/// One keyed request on an idempotent route.
+pub struct Ctx<'a> {
+    /// The route, with its policy.
+    pub route: &'a Arc<IdempotentRoute>,
+    /// The store's name for the request's key.
+    pub record: RecordKey,
+    /// The owner token of this request's claim, made before the claim call: a claim whose
+    /// reply is lost can still be released by its owner.
+    pub owner: OwnerToken,
+    /// What the access line will say about the request.
+    pub trace: &'a mut Trace,
+}

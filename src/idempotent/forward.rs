@@ -1,0 +1,264 @@
+//! Forward: the one upstream call of a claimed key, in an exchange detached from the client.
+//!
+//! The exchange runs in its own task. If the client hangs up, the handler's future is dropped
+//! but the exchange goes on, settles the key, and the client's retry is answered from the
+//! store: this is the "request arrived, response lost" case the gateway exists for.
+//!
+//! Every way an exchange can end is classified, and the lease is consumed on every path:
+//!
+//! | how it ended | the key | the first client gets |
+//! |---|---|---|
+//! | not sent (connection refused, DNS, TLS handshake) | released, attempt given back | 502 `upstream-unavailable` |
+//! | complete answer, status in `store_statuses` | completed: replayed to retries | the answer |
+//! | complete answer, other status | released | the answer |
+//! | answer too large to store, delivered | executed: retries get `response-not-stored` | the answer, streamed |
+//! | sent, no complete answer (timeout, reset, truncated body) | `hold`: unknown, retries get 502 `outcome-unknown`; `release`: released | 502/504 `outcome-unknown` (`release`: the upstream error) |
+//! | abandoned at the end of the shutdown grace period | as the row above | 503 `shutting-down` |
+//!
+//! Every forwarded request carries the attempt header (`Idempotency-Attempt: N`), so the
+//! upstream can refuse or log a re-execution. While the call runs, the lease is renewed every
+//! third of its duration (see `settle`); when settling finds it lost, the first response says
+//! so with `Idempotency-Status: lease-lost`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{HeaderValue, Request, Response, response};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::admit::Admitted;
+use super::answer;
+use super::capture::{self, Captured, StreamEnd};
+use super::context::Ctx;
+use super::settle::Settle;
+use crate::body::{self, Body};
+use crate::error::GatewayError;
+use crate::forwarded::Peer;
+use crate::headers;
+use crate::metrics::{ReleaseReason, status_class};
+use crate::policy::UnknownOutcomePolicy;
+use crate::runtime::{IdempotentRoute, Runtime};
+use crate::store::{Final, Sent, Store, StoredResponse};
+use crate::upstream::{Upstream, UpstreamError};
+
+/// Sends an admitted request upstream in an exchange of its own, and waits for the first
+/// client's answer. Dropping the returned future (the client went away) does not stop the
+/// exchange.
+pub async fn forward(
+    rt: &Arc<Runtime>,
+    ctx: &mut Ctx<'_>,
+    admitted: Admitted,
+    mut parts: Parts,
+    body: Bytes,
+    peer: &Peer,
+) -> Result<Response<Body>, GatewayError> {
+    ctx.route.upstream.prepare(&mut parts, peer);
+    if admitted.confirmed {
+        ctx.trace.attempt = Some(admitted.lease.attempt());
+    }
+    let exchange = Exchange {
+        rt: Arc::clone(rt),
+        route: Arc::clone(ctx.route),
+        admitted,
+        request: Request::from_parts(parts, body),
+    };
+    let (tx, rx) = oneshot::channel();
+    // The exchange's state machine is several KiB; boxed once here, it is not copied again on
+    // its way into the task.
+    rt.exchanges.spawn(Box::pin(exchange.run(tx)));
+    let (answer, report) = rx.await.unwrap_or_else(|_| {
+        (Err(GatewayError::Internal("the exchange ended without an answer".into())), Report::default())
+    });
+    ctx.trace.upstream = Some(report.upstream);
+    ctx.trace.store += report.store;
+    answer
+}
+
+/// A claimed request on its way upstream, in a task of its own.
+struct Exchange {
+    rt: Arc<Runtime>,
+    route: Arc<IdempotentRoute>,
+    admitted: Admitted,
+    /// The request, prepared for the upstream, with its body read.
+    request: Request<Bytes>,
+}
+
+/// How the call to the upstream ended.
+enum Ended {
+    /// The whole response, within `max_stored_body`.
+    Whole(response::Parts, Bytes),
+    /// A response too large to store, streaming to the client.
+    Streamed(response::Parts, Body, oneshot::Receiver<StreamEnd>),
+    /// The request never reached the upstream.
+    NotSent(UpstreamError),
+    /// The request was sent and no complete answer came back.
+    NoAnswer(UpstreamError),
+    /// Shutdown gave up on the exchange.
+    Abandoned,
+}
+
+type Answer = Result<Response<Body>, GatewayError>;
+
+/// Where an exchange's time went, for the access log.
+#[derive(Debug, Clone, Copy, Default)]
+struct Report {
+    /// Sending the request and reading the answer.
+    upstream: Duration,
+    /// Settling or releasing the key before the answer went out.
+    store: Duration,
+}
+
+impl Exchange {
+    async fn run(self, client: oneshot::Sender<(Answer, Report)>) {
+        let Self { rt, route, admitted, mut request } = self;
+        // The slots are held until the exchange ends, after its client if it goes first.
+        let Admitted { lease, confirmed, slots: _slots } = admitted;
+        let (policy, abandon) = (&*route.policy, &rt.abandon);
+        let running = rt.metrics.exchanges_running.clone();
+        running.inc();
+        let _running = scopeguard(move || {
+            running.dec();
+        });
+        // The attempt is the gateway's word; whatever a client sent under that name is gone
+        // (identify removed it), and an unconfirmed claim has no attempt number to give.
+        if let Some(name) = policy.attempt_header.as_ref().filter(|_| confirmed) {
+            request.headers_mut().insert(name.clone(), HeaderValue::from(lease.attempt()));
+        }
+        let settle = Settle { route: &route, store: &rt.store, confirmed };
+        let work = std::pin::pin!(async {
+            tokio::select! {
+                ended = call(&route.upstream, request, policy.max_stored_body) => ended,
+                () = abandon.cancelled() => Ended::Abandoned,
+            }
+        });
+        let started = Instant::now();
+        let ended = settle.renewing(&lease, work).await;
+        let upstream_done = Instant::now();
+        let upstream_time = upstream_done - started;
+        route.metrics.upstream_latency(ended.class(), upstream_time);
+        let report = || Report { upstream: upstream_time, store: upstream_done.elapsed() };
+
+        let reply = match ended {
+            Ended::Whole(parts, body) if policy.store_statuses.contains(parts.status) => {
+                let stored = StoredResponse {
+                    status: parts.status,
+                    headers: headers::storable(&parts.headers, &policy.stored_headers),
+                    body: body.clone(),
+                };
+                // Settled before the client hears the answer, so that its retry finds it. If the
+                // store fails, the client is answered anyway and settling goes on behind it:
+                // until then the key is in progress, and retries wait for it.
+                let settled = settle.store.settle(&lease, Final::Response(&stored), policy.retention).await;
+                if let Err(e) = settled {
+                    tracing::debug!(route = %route.name, error = %e, "settle failed; answering first, then retrying");
+                    let _ = client.send((Ok(answer::first(parts, body::full(body), false)), report()));
+                    settle.finish(lease, Final::Response(&stored), 1).await;
+                    return;
+                }
+                let lost = settle.logged("settle", settled);
+                Ok(answer::first(parts, body::full(body), lost))
+            }
+            Ended::Whole(parts, body) => {
+                settle.release(lease, Sent::Maybe, ReleaseReason::Status).await;
+                Ok(answer::first(parts, body::full(body), false))
+            }
+            Ended::Streamed(parts, body, end) if policy.store_statuses.contains(parts.status) => {
+                let head = StoredResponse {
+                    status: parts.status,
+                    headers: headers::storable(&parts.headers, &policy.stored_headers),
+                    body: Bytes::new(),
+                };
+                // The client gets the stream now; the key is settled once it has ended.
+                let _ = client.send((Ok(answer::first(parts, body, false)), report()));
+                // Shutdown does not wait for a slow reader: past the grace period the stream
+                // counts as delivered (the upstream answered; the request ran).
+                let ended = std::pin::pin!(async {
+                    tokio::select! {
+                        end = end => end.unwrap_or(StreamEnd::ClientGone),
+                        () = abandon.cancelled() => StreamEnd::ClientGone,
+                    }
+                });
+                let end = settle.renewing(&lease, ended).await;
+                match end {
+                    StreamEnd::Complete | StreamEnd::ClientGone => {
+                        route.metrics.not_stored();
+                        settle.finish(lease, Final::NotStored(&head), 0).await;
+                    }
+                    StreamEnd::Broken => {
+                        settle.unknown(lease).await;
+                    }
+                }
+                return;
+            }
+            Ended::Streamed(parts, body, _) => {
+                settle.release(lease, Sent::Maybe, ReleaseReason::Status).await;
+                Ok(answer::first(parts, body, false))
+            }
+            Ended::NotSent(e) => {
+                settle.release(lease, Sent::No, ReleaseReason::NotSent).await;
+                Err(e.into())
+            }
+            Ended::NoAnswer(e) => {
+                let timed_out = matches!(e, UpstreamError::Timeout { .. });
+                match settle.unknown(lease).await {
+                    UnknownOutcomePolicy::Hold => Err(GatewayError::OutcomeUnknown { timed_out }),
+                    UnknownOutcomePolicy::Release => Err(e.into()),
+                }
+            }
+            Ended::Abandoned => {
+                settle.unknown(lease).await;
+                Err(GatewayError::ShuttingDown)
+            }
+        };
+        let _ = client.send((reply, report()));
+    }
+}
+
+impl Ended {
+    /// The status class for the upstream latency histogram.
+    fn class(&self) -> &'static str {
+        match self {
+            Self::Whole(parts, _) | Self::Streamed(parts, _, _) => status_class(parts.status),
+            Self::NotSent(_) | Self::NoAnswer(_) => "error",
+            Self::Abandoned => "abandoned",
+        }
+    }
+}
+
+/// Runs `f` when dropped: the exchange's gauge goes down on every path out of `run`.
+fn scopeguard(f: impl FnOnce()) -> impl Drop {
+    struct Guard<F: FnOnce()>(Option<F>);
+    impl<F: FnOnce()> Drop for Guard<F> {
+        fn drop(&mut self) {
+            if let Some(f) = self.0.take() {
+                f();
+            }
+        }
+    }
+    Guard(Some(f))
+}
+
+/// Sends the request and reads the answer, all within the upstream's timeout: one deadline
+/// for the whole exchange.
+async fn call(upstream: &Upstream, request: Request<Bytes>, limit: usize) -> Ended {
+    let deadline = Instant::now() + upstream.timeout();
+    let response = match tokio::time::timeout_at(deadline, upstream.send(request.map(body::full))).await {
+        Err(_) => return Ended::NoAnswer(upstream.timed_out()),
+        Ok(Err(e)) if e.sent() == Sent::No => return Ended::NotSent(e),
+        Ok(Err(e)) => return Ended::NoAnswer(e),
+        Ok(Ok(mut response)) => {
+            // Once, for what is stored and what the client gets alike.
+            headers::strip_hop_by_hop(response.headers_mut());
+            response
+        }
+    };
+    match tokio::time::timeout_at(deadline, capture::capture(response, limit)).await {
+        Err(_) => Ended::NoAnswer(upstream.timed_out()),
+        Ok(Err(e)) => Ended::NoAnswer(upstream.body_failed(&e)),
+        Ok(Ok(Captured::Whole(parts, body))) => Ended::Whole(parts, body),
+        Ok(Ok(Captured::TooLarge(parts, body, end))) => Ended::Streamed(parts, body, end),
+    }
+}

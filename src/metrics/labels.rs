@@ -1,0 +1,168 @@
+//! The label values: how a request ended, why a claim was released, an upstream answer's
+//! status class. Each is a closed set, so that every counter is created once, at start.
+
+use std::fmt::Write;
+
+use prometheus_client::encoding::{EncodeLabelValue, LabelValueEncoder};
+
+/// A label whose values index a fixed array of counters. The index comes from an exhaustive
+/// match, so adding a variant without its counter does not compile, and no counter is found
+/// by the variant's position in a list.
+pub trait Label: Copy + 'static {
+    /// Every value, in index order.
+    const ALL: &'static [Self];
+    /// The position of this value's counter.
+    fn index(self) -> usize;
+}
+
+/// How a request through a route ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// Claimed and sent upstream (whatever the upstream answered).
+    Executed,
+    /// Answered from the store (a stored response, or the problem that says it ran but its
+    /// body was not stored).
+    Replayed,
+    /// Key reused with a different request (422).
+    Mismatch,
+    /// First request still running after the wait (409).
+    InFlight,
+    /// The first request's outcome is unknown; refused (502 outcome-unknown).
+    Unknown,
+    /// Bad key, missing scope, bad Connection, too large or unreadable body (400, 413).
+    Rejected,
+    /// Store down, route fails closed (503).
+    StoreUnavailable,
+    /// Store down, route fails open: forwarded without protection.
+    Bypassed,
+    /// Too many exchanges running (503 overloaded); nothing forwarded.
+    Overloaded,
+    /// The caller's budget of new keys was spent (429); nothing forwarded.
+    QuotaExceeded,
+    /// Route without idempotency, or optional key absent.
+    PassedThrough,
+    /// Upstream unreachable, failed or timed out (502, 504).
+    UpstreamFailed,
+    /// A gateway bug (500).
+    Internal,
+}
+
+impl Outcome {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Executed => "executed",
+            Self::Replayed => "replayed",
+            Self::Mismatch => "mismatch",
+            Self::InFlight => "in_flight",
+            Self::Unknown => "outcome_unknown",
+            Self::Rejected => "rejected",
+            Self::StoreUnavailable => "store_unavailable",
+            Self::Bypassed => "bypassed",
+            Self::Overloaded => "overloaded",
+            Self::QuotaExceeded => "quota_exceeded",
+            Self::PassedThrough => "passed_through",
+            Self::UpstreamFailed => "upstream_failed",
+            Self::Internal => "internal",
+        }
+    }
+}
+
+impl Label for Outcome {
+    const ALL: &'static [Self] = &[
+        Self::Executed,
+        Self::Replayed,
+        Self::Mismatch,
+        Self::InFlight,
+        Self::Unknown,
+        Self::Rejected,
+        Self::StoreUnavailable,
+        Self::Bypassed,
+        Self::PassedThrough,
+        Self::UpstreamFailed,
+        Self::Internal,
+        Self::Overloaded,
+        Self::QuotaExceeded,
+    ];
+    fn index(self) -> usize {
+        match self {
+            Self::Executed => 0,
+            Self::Replayed => 1,
+            Self::Mismatch => 2,
+            Self::InFlight => 3,
+            Self::Unknown => 4,
+            Self::Rejected => 5,
+            Self::StoreUnavailable => 6,
+            Self::Bypassed => 7,
+            Self::PassedThrough => 8,
+            Self::UpstreamFailed => 9,
+            Self::Internal => 10,
+            Self::Overloaded => 11,
+            Self::QuotaExceeded => 12,
+        }
+    }
+}
+
+/// Why a claim was released instead of settled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReleaseReason {
+    /// The upstream's status is not in `store_statuses` (5xx by default).
+    Status,
+    /// The request never reached the upstream (connection refused).
+    NotSent,
+    /// The outcome is unknown and the route says `on_unknown_outcome = "release"`.
+    Unknown,
+    /// The claim call's reply never arrived (store timeout, client gone mid-claim): the claim,
+    /// if it was made, is released by its owner in the background.
+    Ghost,
+}
+
+impl Label for ReleaseReason {
+    const ALL: &'static [Self] = &[Self::Status, Self::NotSent, Self::Unknown, Self::Ghost];
+    fn index(self) -> usize {
+        match self {
+            Self::Status => 0,
+            Self::NotSent => 1,
+            Self::Unknown => 2,
+            Self::Ghost => 3,
+        }
+    }
+}
+
+impl EncodeLabelValue for Outcome {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> Result<(), std::fmt::Error> {
+        encoder.write_str(self.as_str())
+    }
+}
+
+impl ReleaseReason {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Status => "status",
+            Self::NotSent => "not_sent",
+            Self::Unknown => "unknown",
+            Self::Ghost => "ghost",
+        }
+    }
+}
+
+impl EncodeLabelValue for ReleaseReason {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> Result<(), std::fmt::Error> {
+        encoder.write_str(self.as_str())
+    }
+}
+
+/// The `class` label values of the upstream latency histogram.
+pub const UPSTREAM_CLASSES: [&str; 7] = ["1xx", "2xx", "3xx", "4xx", "5xx", "error", "abandoned"];
+
+/// The `class` label of an upstream answer's status: `"2xx"` … `"5xx"`.
+pub fn status_class(status: http::StatusCode) -> &'static str {
+    match status.as_u16() / 100 {
+        1 => "1xx",
+        2 => "2xx",
+        3 => "3xx",
+        4 => "4xx",
+        _ => "5xx",
+    }
+}

@@ -1,0 +1,131 @@
+//! What the request path runs on: the shared [`Runtime`] handle, and the routes.
+//!
+//! The runtime is built once, with the first gateway, and every gateway a reload builds keeps
+//! it: exchanges that outlive a reload must settle into the same store, count into the same
+//! metrics and be waited for by the same shutdown. Routes are rebuilt by every reload.
+//!
+//! The idempotent path takes this handle, never the whole gateway: what it may touch is what
+//! is listed here.
+
+use std::ops::Deref;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::metrics::{Metrics, RouteMetrics};
+use crate::policy::IdempotencyPolicy;
+use crate::policy::key::IdempotencyKey;
+use crate::policy::scope::Scope;
+use crate::store::{Backend, RecordKey};
+use crate::upstream::Upstream;
+
+/// The handle shared by every request, every exchange and every reloaded gateway.
+pub struct Runtime {
+    /// The record store.
+    pub store: Arc<Backend>,
+    /// The metrics registry.
+    pub metrics: Arc<Metrics>,
+    /// Detached upstream exchanges, so that shutdown can wait for them.
+    pub exchanges: TaskTracker,
+    /// Cancelled when the shutdown grace period is over: exchanges still running settle their
+    /// keys so that retries can proceed.
+    pub abandon: CancellationToken,
+    /// One permit per upstream exchange running at once (`server.max_exchanges`).
+    pub exchange_slots: Arc<Semaphore>,
+    /// Prefix of the store's key names (`store.key_prefix`).
+    key_prefix: String,
+}
+
+impl Runtime {
+    /// A runtime over `store`, allowing `max_exchanges` exchanges at once.
+    pub fn new(store: Backend, metrics: Metrics, max_exchanges: usize, key_prefix: &str) -> Self {
+        Self {
+            store: Arc::new(store),
+            metrics: Arc::new(metrics),
+            exchanges: TaskTracker::new(),
+            abandon: CancellationToken::new(),
+            exchange_slots: Arc::new(Semaphore::new(max_exchanges)),
+            key_prefix: key_prefix.to_owned(),
+        }
+    }
+
+    /// The store's name for the record of `key`, sent by `scope` to route `route`: the one
+    /// place a record's name is derived (the request path, the admin key endpoints and the
+    /// tests all come here).
+    pub fn record_key(&self, route: &str, scope: &Scope, key: &IdempotencyKey) -> RecordKey {
+        RecordKey::new(&self.key_prefix, route, scope, key)
+    }
+
+    /// Prefix of the store's key names.
+    pub fn key_prefix(&self) -> &str {
+        &self.key_prefix
+    }
+}
+
+/// One route at run time: its name, where it forwards, its counters.
+pub struct Route {
+    /// Route name.
+    pub name: String,
+    /// Where it forwards.
+    pub upstream: Arc<Upstream>,
+    /// Its counters.
+    pub metrics: RouteMetrics,
+}
+
+/// What the request path reads of `[server]`; a reload applies it, like the routes.
+#[derive(Debug, Clone)]
+pub struct RequestSettings {
+    /// Prefix of problem+json `type` URIs.
+    pub problem_base: String,
+    /// Deadline of an idempotent route's whole request body.
+    pub body_read_timeout: Duration,
+}
+
+/// An idempotent route: a route with its policy (never absent here), and what it reads of
+/// `[server]`.
+pub struct IdempotentRoute {
+    /// The route.
+    pub route: Route,
+    /// Its `[routes.idempotency]`.
+    pub policy: Arc<IdempotencyPolicy>,
+    /// The problem base and the body deadline.
+    pub settings: Arc<RequestSettings>,
+}
+
+impl Deref for IdempotentRoute {
+    type Target = Route;
+
+    fn deref(&self) -> &Route {
+        &self.route
+    }
+}
+
+/// What the router finds for a request: a plain route, or an idempotent one.
+#[derive(Clone)]
+pub enum Routed {
+    /// A streaming proxy route.
+    Plain(Arc<Route>),
+    /// A route with a `[routes.idempotency]` table.
+    Idempotent(Arc<IdempotentRoute>),
+}
+
+impl Routed {
+    /// The idempotency policy, on an idempotent route.
+    pub fn policy(&self) -> Option<&IdempotencyPolicy> {
+        match self {
+            Self::Plain(_) => None,
+            Self::Idempotent(route) => Some(&route.policy),
+        }
+    }
+
+    /// The route, whatever its kind.
+    pub fn route(&self) -> &Route {
+        match self {
+            Self::Plain(route) => route,
+            Self::Idempotent(route) => route,
+        }
+    }
+}

@@ -1,0 +1,145 @@
+//! The configured backend: the engine `[store]` names, and how long each kind of call takes.
+
+use std::future::Future;
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::Histogram;
+
+use super::{
+    Claim, Entry, Final, Lease, MemoryStore, OwnerToken, QuotaKey, RecordKey, RedisStore, Renewal, Sent, Settled,
+    Store, StoreError, Watch,
+};
+use crate::config::{StoreBackendConfig, StoreConfig};
+use crate::policy::fingerprint::Fingerprint;
+
+/// The configured store engine.
+pub enum Engine {
+    /// Redis.
+    Redis(RedisStore),
+    /// In-process memory.
+    Memory(MemoryStore),
+}
+
+/// The configured backend: its engine, and how long each kind of call takes.
+pub struct Backend {
+    engine: Engine,
+    /// Latency of store calls, by call (`claim`, `settle`, ...).
+    calls: Family<CallLabel, Histogram>,
+}
+
+/// The `call` label of the store latency histogram.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct CallLabel {
+    call: &'static str,
+}
+
+impl Backend {
+    /// A backend over `engine`.
+    pub fn new(engine: Engine) -> Self {
+        Self { engine, calls: Family::new_with_constructor(crate::metrics::latency_histogram) }
+    }
+
+    /// Builds the backend named by the config. Redis connects lazily: a gateway starts (and
+    /// answers by its `on_store_error` policy) even while Redis is down.
+    pub fn from_config(config: &StoreConfig) -> Result<Self, StoreError> {
+        Ok(Self::new(match &config.backend {
+            StoreBackendConfig::Redis { url, connections, tls, password } => {
+                let password = password.as_ref().map(|p| p.0.as_str());
+                Engine::Redis(RedisStore::open(url, tls, password, *connections, config.timeout, &config.key_prefix)?)
+            }
+            StoreBackendConfig::Memory { max_entries, max_bytes } => {
+                Engine::Memory(MemoryStore::new(*max_entries, *max_bytes))
+            }
+        }))
+    }
+
+    /// `"redis"` or `"memory"`, for logs and metrics.
+    pub fn kind(&self) -> &'static str {
+        match self.engine {
+            Engine::Redis(_) => "redis",
+            Engine::Memory(_) => "memory",
+        }
+    }
+
+    /// The Redis engine, if that is the engine.
+    pub fn redis(&self) -> Option<&RedisStore> {
+        match &self.engine {
+            Engine::Redis(redis) => Some(redis),
+            Engine::Memory(_) => None,
+        }
+    }
+
+    /// The store latency histograms, for the metrics registry.
+    pub fn call_latency(&self) -> Family<CallLabel, Histogram> {
+        self.calls.clone()
+    }
+
+    /// Runs one store call, timing it under `call`.
+    async fn timed<T>(&self, call: &'static str, work: impl Future<Output = T>) -> T {
+        let started = std::time::Instant::now();
+        let out = work.await;
+        self.calls.get_or_create(&CallLabel { call }).observe(started.elapsed().as_secs_f64());
+        out
+    }
+}
+
+macro_rules! delegate {
+    ($self:ident, $name:literal, $s:ident => $call:expr) => {
+        $self
+            .timed($name, async {
+                match &$self.engine {
+                    Engine::Redis($s) => $call,
+                    Engine::Memory($s) => $call,
+                }
+            })
+            .await
+    };
+}
+
+impl Store for Backend {
+    async fn claim(
+        &self,
+        key: &RecordKey,
+        fp: &Fingerprint,
+        owner: OwnerToken,
+        lease: Duration,
+        ttl: Duration,
+    ) -> Result<Claim, StoreError> {
+        delegate!(self, "claim", s => s.claim(key, fp, owner, lease, ttl).await)
+    }
+    async fn renew(&self, lease: &Lease) -> Result<Renewal, StoreError> {
+        delegate!(self, "renew", s => s.renew(lease).await)
+    }
+    async fn settle(&self, lease: &Lease, outcome: Final<'_>, retention: Duration) -> Result<Settled, StoreError> {
+        delegate!(self, "settle", s => s.settle(lease, outcome, retention).await)
+    }
+    async fn release(
+        &self,
+        key: &RecordKey,
+        owner: OwnerToken,
+        sent: Sent,
+        ttl: Duration,
+    ) -> Result<Settled, StoreError> {
+        delegate!(self, "release", s => s.release(key, owner, sent, ttl).await)
+    }
+    async fn get(&self, key: &RecordKey) -> Result<Option<Entry>, StoreError> {
+        delegate!(self, "get", s => s.get(key).await)
+    }
+    async fn purge(&self, key: &RecordKey) -> Result<Option<&'static str>, StoreError> {
+        delegate!(self, "purge", s => s.purge(key).await)
+    }
+    fn watch(&self, key: &RecordKey) -> Watch {
+        match &self.engine {
+            Engine::Redis(s) => s.watch(key),
+            Engine::Memory(s) => s.watch(key),
+        }
+    }
+    async fn count_new_key(&self, key: &QuotaKey, window: Duration) -> Result<(u64, Duration), StoreError> {
+        delegate!(self, "quota", s => s.count_new_key(key, window).await)
+    }
+    async fn ping(&self) -> Result<(), StoreError> {
+        delegate!(self, "ping", s => s.ping().await)
+    }
+}
