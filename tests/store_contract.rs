@@ -453,6 +453,75 @@ async fn ready(store: RedisStore) -> Backend {
     store
 }
 
+/// Cluster-only: a large answer settled while its slot migrates. The record is on the source,
+/// which answers ASK for the side key it does not hold and TRYAGAIN for the two-key settle
+/// script: the settle falls back to the one-key script, which lands on the source.
+#[tokio::test]
+async fn cluster_a_large_settle_during_a_slot_migration_lands_in_one_key() {
+    let cluster = RedisCluster::start(3, 0);
+    let (store, p) = redis_at(cluster.url()).await;
+    let k = record(&p, "moving");
+    let lease = acquire(&store, &k, fp(1), Duration::from_secs(10)).await;
+    let slot = cluster.slot_for_key(k.as_str());
+    let from = cluster.node_for_key(k.as_str());
+    let to = *cluster.primary_ports().iter().find(|port| **port != from).unwrap();
+    cluster.begin_migration(slot, from, to);
+    assert_eq!(complete(&store, lease, &large_response(b'm'), RETENTION).await, Settled::Done);
+    match claim(&store, &k, fp(1)).await {
+        Claim::Completed(r) => assert_eq!(r, large_response(b'm'), "the answer is kept whole"),
+        other => panic!("expected Completed, got {other:?}"),
+    }
+    cluster.finish_migration(slot, from, to);
+    match claim(&store, &k, fp(1)).await {
+        Claim::Completed(r) => assert_eq!(r, large_response(b'm'), "and moved with its slot"),
+        other => panic!("expected Completed after the migration, got {other:?}"),
+    }
+}
+
+/// Cluster-only: a rebalance moves a shard's first slot, and with it the shard's epoch marker,
+/// to another shard. Nothing was lost, and the data-loss counter says so.
+#[tokio::test]
+async fn cluster_a_rebalance_is_not_taken_for_data_loss() {
+    let cluster = RedisCluster::start(3, 0);
+    let prefix = support::unique("rebalance");
+    let store = RedisStore::new(&cluster.url(), 2, Duration::from_secs(2), &prefix).unwrap();
+    let losses = store.data_loss_counter();
+    let store = ready(store).await;
+    let markers_on = |port: u16| -> usize {
+        let keys: Vec<String> =
+            ::redis::cmd("KEYS").arg(format!("{prefix}:epoch:*")).query(&mut cluster.connection(port)).unwrap();
+        keys.len()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while cluster.primary_ports().into_iter().any(|port| markers_on(port) != 1) {
+        assert!(tokio::time::Instant::now() < deadline, "a marker per shard was never written");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Records on every shard, some of them in the slot that moves.
+    for n in 0..50 {
+        let lease = acquire(&store, &record(&prefix, &format!("r{n}")), fp(1), LEASE).await;
+        assert_eq!(complete(&store, lease, &response(b"kept"), RETENTION).await, Settled::Done);
+    }
+    let (from, to) = (cluster.primary_ports()[1], cluster.primary_ports()[0]);
+    let slot = cluster.first_slot(from);
+    cluster.begin_migration(slot, from, to);
+    cluster.finish_migration(slot, from, to);
+    assert_eq!(markers_on(to), 2, "the moved slot's marker went with it");
+    // Checks see the marker on its new node, and a new first slot of the source shard.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while markers_on(from) != 1 {
+        assert!(tokio::time::Instant::now() < deadline, "the source shard got no marker of its own");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(losses.get(), 0, "a rebalance is not a data loss");
+    for n in 0..50 {
+        assert!(matches!(claim(&store, &record(&prefix, &format!("r{n}")), fp(1)).await, Claim::Completed(_)), "r{n}");
+    }
+    drop(store);
+}
+
 /// Cluster-only: a settle on any shard notifies a subscriber on one node. The gateway keeps one
 /// subscription, on any node; this is what wakes its waiters for keys on every other shard.
 #[tokio::test]

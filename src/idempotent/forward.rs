@@ -41,7 +41,7 @@ use crate::headers;
 use crate::metrics::{ReleaseReason, status_class};
 use crate::policy::UnknownOutcomePolicy;
 use crate::runtime::{IdempotentRoute, Runtime};
-use crate::store::{Final, Sent, Store, StoredResponse};
+use crate::store::{Final, Sent, StoredResponse};
 use crate::upstream::{Upstream, UpstreamError};
 
 /// Sends an admitted request upstream in an exchange of its own, and waits for the first
@@ -127,7 +127,7 @@ impl Exchange {
         if let Some(name) = policy.attempt_header.as_ref().filter(|_| confirmed) {
             request.headers_mut().insert(name.clone(), HeaderValue::from(lease.attempt()));
         }
-        let settle = Settle { route: &route, store: &rt.store, confirmed };
+        let settle = Settle::new(&route, &rt.store, &lease, confirmed);
         let work = std::pin::pin!(async {
             tokio::select! {
                 ended = call(&route.upstream, request, policy.max_stored_body) => ended,
@@ -151,7 +151,7 @@ impl Exchange {
                 // Settled before the client hears the answer, so that its retry finds it. If the
                 // store fails, the client is answered anyway and settling goes on behind it:
                 // until then the key is in progress, and retries wait for it.
-                let settled = settle.store.settle(&lease, Final::Response(&stored), policy.retention).await;
+                let settled = settle.first_try(&lease, Final::Response(&stored)).await;
                 if let Err(e) = settled {
                     tracing::debug!(route = %route.name, error = %e, "settle failed; answering first, then retrying");
                     let _ = client.send((Ok(answer::first(parts, body::full(body), false)), report()));

@@ -2,12 +2,22 @@
 //!
 //! While the upstream call runs, the lease is renewed every third of its duration
 //! ([`Settle::renewing`]); when the call has ended, the claim is settled with its outcome
-//! (completed, executed, unknown) or released. A write that fails is tried again: after the
-//! upstream answered, a key left claimed until its lease passes would let a retry run the
-//! request a second time.
+//! (completed, executed, unknown) or released.
+//!
+//! The hazard is a write that fails after the upstream answered. Nothing else can settle the
+//! key until its lease passes, and once it has passed, a retry takes the key over and runs
+//! the request a second time. So a write that fails is tried again, with backoff, for as long
+//! as the lease lasts ([`Settle::persist`], one policy for every write: settle, unknown,
+//! release): a store blip, a restart with its data kept, a Cluster slot migration or a
+//! failover that ends within the lease never lets an answered request run again. Between
+//! tries the lease is renewed when the store answers, which extends the window; the window is
+//! kept by this gateway's own monotonic clock, never Redis's, and ends a store timeout before
+//! the lease does (a try sent later could land after it). Past the window the key stays
+//! claimed until its lease passes, and the upstream's own constraint must catch a re-run.
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Mutex;
 
 use std::time::Duration;
 
@@ -20,16 +30,35 @@ use crate::store::{Backend, Final, Lease, Renewal, Sent, Settled, Store, StoreEr
 
 /// Settling a lease: the store calls, their logs and counters.
 pub struct Settle<'a> {
-    /// The route, with its policy and counters.
-    pub route: &'a IdempotentRoute,
-    /// The store holding the claim.
-    pub store: &'a Backend,
+    route: &'a IdempotentRoute,
+    store: &'a Backend,
     /// Whether the store confirmed the claim (see `Admitted::confirmed`): an unconfirmed
     /// claim that turns out lost was never made, and is not counted as a takeover.
-    pub confirmed: bool,
+    confirmed: bool,
+    /// When the lease ends at the latest, by this gateway's clock: from when the claim or the
+    /// last renewal was sent. (Shared with the renewals that run beside the exchange's work.)
+    lease_end: Mutex<Instant>,
 }
 
-impl Settle<'_> {
+impl<'a> Settle<'a> {
+    /// Settling `lease` on `route` in `store`.
+    pub fn new(route: &'a IdempotentRoute, store: &'a Backend, lease: &Lease, confirmed: bool) -> Self {
+        // The claim's reply arrived at `acquired`; the claim itself may have been applied up to
+        // a store timeout before.
+        let since = lease.acquired().checked_sub(store.call_timeout()).unwrap_or_else(|| lease.acquired());
+        Self { route, store, confirmed, lease_end: Mutex::new(since + lease.duration()) }
+    }
+
+    fn lease_end(&self) -> Instant {
+        *self.lease_end.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A renewal sent at `sent` was applied: the lease now ends a lease after that, at the
+    /// latest.
+    fn renewed(&self, lease: &Lease, sent: Instant) {
+        *self.lease_end.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = sent + lease.duration();
+    }
+
     /// Runs `work` while renewing `lease` every third of its duration. A renewal runs between
     /// polls of `work` (a short pause of the exchange; the upstream's bytes wait in the
     /// socket). Once the lease is found lost, renewal stops; the exchange still finishes, and
@@ -52,8 +81,8 @@ impl Settle<'_> {
                 out = &mut work => return out,
                 // Boxed: renewals are rare, and the store call would otherwise swell every
                 // exchange's state by its size.
-                _ = ticks.tick(), if renewing => match Box::pin(store.renew(lease)).await {
-                    Ok(Renewal::Renewed) => {}
+                sent = ticks.tick(), if renewing => match Box::pin(store.renew(lease)).await {
+                    Ok(Renewal::Renewed) => self.renewed(lease, sent),
                     Ok(Renewal::Lost) if !self.confirmed => renewing = false,
                     Ok(Renewal::Lost) => {
                         renewing = false;
@@ -69,10 +98,18 @@ impl Settle<'_> {
         }
     }
 
+    /// One try at settling the claim with its outcome, before the client is answered (so
+    /// that its retry finds the answer); when it fails, [`Settle::finish`] goes on behind the
+    /// answer.
+    pub async fn first_try(&self, lease: &Lease, outcome: Final<'_>) -> Result<Settled, StoreError> {
+        self.store.settle(lease, outcome, self.route.policy.retention).await
+    }
+
     /// Settles the claim with its outcome, after `failed` tries the caller already made; true
     /// when the lease turned out to be lost.
     pub async fn finish(&self, lease: Lease, outcome: Final<'_>, failed: u32) -> bool {
-        let result = persist(failed, || self.store.settle(&lease, outcome, self.route.policy.retention)).await;
+        let result =
+            self.persist(&lease, failed, || self.store.settle(&lease, outcome, self.route.policy.retention)).await;
         self.logged("settle", result)
     }
 
@@ -89,10 +126,12 @@ impl Settle<'_> {
         self.route.policy.on_unknown_outcome
     }
 
+    /// Releases the claim: the next request with its key runs (as the next attempt, unless
+    /// this one was certainly not sent).
     pub async fn release(&self, lease: Lease, sent: Sent, reason: ReleaseReason) {
         self.route.metrics.released(reason);
-        let (key, owner, ttl) = lease.into_release();
-        let result = persist(0, || self.store.release(&key, owner, sent, ttl)).await;
+        let (key, owner, ttl) = (lease.key(), lease.owner(), lease.release_ttl());
+        let result = self.persist(&lease, 0, || self.store.release(key, owner, sent, ttl)).await;
         self.logged("release", result);
     }
 
@@ -112,39 +151,55 @@ impl Settle<'_> {
             }
             Err(e) => {
                 route.metrics.store_write_failed();
-                tracing::warn!(route = %route.name, action, error = %e, "store failed after the upstream answered; the key stays claimed until its lease passes");
+                tracing::warn!(route = %route.name, action, error = %e, "store failed after the upstream answered, for as long as the lease allowed; the key stays claimed until its lease passes");
                 false
             }
         }
     }
-}
 
-/// How often a settle or release that failed is tried, and the first pause between tries. A
-/// store blip after the upstream answered must not leave the key claimed until its lease
-/// passes: a retry after that would run the request again.
-const SETTLE_TRIES: u32 = 4;
-const SETTLE_BACKOFF: Duration = Duration::from_millis(100);
-
-/// Runs a store call, repeating it (with a doubling pause) while it fails, up to
-/// `SETTLE_TRIES` tries in all counting the `failed` ones the caller already made. A try that
-/// failed may have been applied all the same (its reply was lost), so `Lost` after a failed
-/// try means "settled by that try, or taken over": it is reported as `Done`, not as a
-/// takeover.
-async fn persist<F, Fut>(mut failed: u32, mut call: F) -> Result<Settled, StoreError>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<Settled, StoreError>>,
-{
-    let mut pause = SETTLE_BACKOFF;
-    loop {
-        match call().await {
-            Err(_) if failed + 1 < SETTLE_TRIES => {
-                tokio::time::sleep(pause).await;
-                pause *= 2;
-                failed += 1;
+    /// Runs a store write after the claim, trying it again while it fails, for as long as
+    /// the lease lasts (see the module docs); `failed` tries were made already. Between tries
+    /// the lease is renewed when the store answers. A try that failed may have been applied
+    /// all the same (its reply was lost), so `Lost` after a failed try means "written by that
+    /// try, or taken over": it is reported as `Done`, not as a takeover.
+    pub async fn persist<F, Fut>(&self, lease: &Lease, mut failed: u32, mut write: F) -> Result<Settled, StoreError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<Settled, StoreError>>,
+    {
+        let mut pause = BACKOFF;
+        // Renewals move the window; a store that takes renewals but never the write (a bug)
+        // must not keep the exchange forever.
+        let give_up = Instant::now() + lease.duration() * 3;
+        loop {
+            let error = match write().await {
+                Ok(Settled::Lost) if failed > 0 => return Ok(Settled::Done),
+                Err(e) => e,
+                done => return done,
+            };
+            failed += 1;
+            // A try sent after this could land when the lease has passed.
+            let window_end = self.lease_end().checked_sub(self.store.call_timeout());
+            let next = Instant::now() + pause;
+            if window_end.is_none_or(|end| next >= end) || next >= give_up {
+                return Err(error);
             }
-            Ok(Settled::Lost) if failed > 0 => return Ok(Settled::Done),
-            result => return result,
+            tracing::debug!(route = %self.route.name, key = lease.key().short(), tries = failed, error = %error, "store write failed after the upstream answered; trying again");
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(MAX_BACKOFF);
+            if self.route.policy.renew {
+                let sent = Instant::now();
+                match self.store.renew(lease).await {
+                    Ok(Renewal::Renewed) => self.renewed(lease, sent),
+                    // Not ours any more: an earlier try was applied (its reply lost), or the
+                    // claim was taken over; one more try tells which.
+                    Ok(Renewal::Lost) | Err(_) => {}
+                }
+            }
         }
     }
 }
+
+/// The first pause between two tries of a write after the claim, doubling up to the second.
+const BACKOFF: Duration = Duration::from_millis(50);
+const MAX_BACKOFF: Duration = Duration::from_secs(1);

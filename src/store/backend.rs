@@ -63,6 +63,15 @@ impl Backend {
         }
     }
 
+    /// The longest one call may take (`store.timeout`; nothing for the memory store): a call
+    /// sent now may be applied that much later.
+    pub fn call_timeout(&self) -> Duration {
+        match &self.engine {
+            Engine::Redis(redis) => redis.timeout(),
+            Engine::Memory(_) => Duration::ZERO,
+        }
+    }
+
     /// The Redis engine, if that is the engine.
     pub fn redis(&self) -> Option<&RedisStore> {
         match &self.engine {

@@ -122,11 +122,29 @@ pub struct Lease {
     attempt: u32,
     duration: Duration,
     ttl: Duration,
+    /// When the claim's reply arrived, by this gateway's monotonic clock: the lease began no
+    /// later than this.
+    acquired: tokio::time::Instant,
 }
 
 impl Lease {
     pub(crate) fn new(key: RecordKey, owner: OwnerToken, attempt: u32, duration: Duration, ttl: Duration) -> Self {
-        Self { key, owner, attempt, duration, ttl }
+        Self { key, owner, attempt, duration, ttl, acquired: tokio::time::Instant::now() }
+    }
+
+    /// When the claim's reply arrived (the lease began no later).
+    pub fn acquired(&self) -> tokio::time::Instant {
+        self.acquired
+    }
+
+    /// The owner token.
+    pub fn owner(&self) -> OwnerToken {
+        self.owner
+    }
+
+    /// How long a released tombstone is kept.
+    pub fn release_ttl(&self) -> Duration {
+        self.ttl
     }
 
     /// The record this lease is for.
@@ -276,6 +294,11 @@ pub enum StoreError {
     /// The store answered something this gateway cannot read.
     #[error("unexpected store reply: {0}")]
     Protocol(String),
+    /// A Redis Cluster slot is moving or its shard has no primary yet (`ASK`, `MOVED`,
+    /// `TRYAGAIN`, `CLUSTERDOWN`, left after the client's own redirections): the same call
+    /// may work a moment later, or in another form.
+    #[error("store slot moving: {0}")]
+    Migrating(String),
     /// The memory store is at its bound and holds only open claims.
     #[error("memory store is full")]
     Full,

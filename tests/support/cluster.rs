@@ -157,6 +157,76 @@ impl RedisCluster {
         connect(&self.reach, port).unwrap_or_else(|e| panic!("cannot connect to cluster node {port}: {e}"))
     }
 
+    /// The node id of the node on `port` (`CLUSTER MYID`).
+    pub fn node_id(&self, port: u16) -> String {
+        ::redis::cmd("CLUSTER").arg("MYID").query(&mut self.connection(port)).unwrap()
+    }
+
+    /// The lowest slot the primary on `port` serves.
+    pub fn first_slot(&self, port: u16) -> u16 {
+        let view = self.view();
+        let node = view.iter().find(|n| n.port == port).unwrap_or_else(|| panic!("no node on port {port}"));
+        node.slots.iter().map(|&(a, _)| a).min().unwrap_or_else(|| panic!("node {port} serves no slot"))
+    }
+
+    /// Starts moving `slot` from the primary on `from` to the one on `to`, as a resharding
+    /// does: the target imports it, the source migrates it. Keys stay where they are until
+    /// [`RedisCluster::finish_migration`]; meanwhile the source answers ASK for keys it does not
+    /// hold, and TRYAGAIN for a command on several keys that are split between the two.
+    pub fn begin_migration(&self, slot: u16, from: u16, to: u16) {
+        let (from_id, to_id) = (self.node_id(from), self.node_id(to));
+        let _: () = ::redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg("IMPORTING")
+            .arg(&from_id)
+            .query(&mut self.connection(to))
+            .unwrap();
+        let _: () = ::redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg("MIGRATING")
+            .arg(&to_id)
+            .query(&mut self.connection(from))
+            .unwrap();
+    }
+
+    /// Moves every key of `slot` from `from` to `to` (`MIGRATE`) and gives the slot to `to` on
+    /// every primary, ending a [`RedisCluster::begin_migration`].
+    pub fn finish_migration(&self, slot: u16, from: u16, to: u16) {
+        loop {
+            let keys: Vec<Vec<u8>> = ::redis::cmd("CLUSTER")
+                .arg("GETKEYSINSLOT")
+                .arg(slot)
+                .arg(100)
+                .query(&mut self.connection(from))
+                .unwrap();
+            if keys.is_empty() {
+                break;
+            }
+            let _: () = ::redis::cmd("MIGRATE")
+                .arg("127.0.0.1")
+                .arg(to)
+                .arg("")
+                .arg(0)
+                .arg(5000)
+                .arg("KEYS")
+                .arg(&keys)
+                .query(&mut self.connection(from))
+                .unwrap_or_else(|e| panic!("MIGRATE from {from} to {to}: {e}"));
+        }
+        let to_id = self.node_id(to);
+        for port in self.primary_ports() {
+            let _: () = ::redis::cmd("CLUSTER")
+                .arg("SETSLOT")
+                .arg(slot)
+                .arg("NODE")
+                .arg(&to_id)
+                .query(&mut self.connection(port))
+                .unwrap();
+        }
+    }
+
     /// `FLUSHALL` on one primary: its shard loses every key (its replicas follow).
     pub fn flush_node(&self, port: u16) {
         let _: () = ::redis::cmd("FLUSHALL")

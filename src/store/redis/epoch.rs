@@ -10,8 +10,14 @@
 //!
 //! One primary (or the one Sentinel names) has one marker, `PREFIX:epoch`. A Cluster has one
 //! per shard, `PREFIX:epoch:{TAG}`, where TAG hashes to the first slot the shard serves, so
-//! that each marker lives on, and each check reads, that shard's primary. A resharding that
-//! moves a shard's first slot to another shard is reported once as a possible loss.
+//! that each marker lives on, and each check reads, that shard's primary.
+//!
+//! Routine resharding is not a loss, and must not raise the alarm that a loss raises: a
+//! marker moves with its slot (the migration carries its keys), and is then found, with its
+//! epoch, on another node. Each check also reads the node's id (`CLUSTER MYID`): a marker
+//! found on another node is a failover, a possible loss, when that node was the previous
+//! one's replica (its `master_replid2` is the previous primary's `master_replid`), and a
+//! migration, no loss, when it was not.
 
 use std::collections::HashMap;
 use std::sync::OnceLock;
@@ -37,6 +43,10 @@ struct Observed {
     run_id: String,
     /// `master_replid`: new when a replica is promoted (a failover).
     replid: String,
+    /// `master_replid2`: a promoted replica's previous primary's `master_replid`.
+    replid2: String,
+    /// `CLUSTER MYID` on a Cluster: which node holds the marker.
+    node: Option<String>,
     /// `redis_version`.
     version: String,
 }
@@ -72,7 +82,13 @@ pub(super) async fn watch(links: Links, marker: String, data_loss: Counter) {
             let observed = tokio::time::timeout(EPOCH_CHECK, observe(&links, &marker, &candidate)).await;
             (marker, observed.unwrap_or(Err(StoreError::Timeout(EPOCH_CHECK))))
         });
-        for (marker, observed) in futures_util::future::join_all(checks).await {
+        let observed = futures_util::future::join_all(checks).await;
+        if links.is_cluster() && !observed.is_empty() {
+            // A marker that is no shard's any more (its shard's first slot moved) is forgotten:
+            // should it be one again later, it is seen anew.
+            known.retain(|marker, _| observed.iter().any(|(m, _)| m == marker));
+        }
+        for (marker, observed) in observed {
             match observed {
                 Ok(current) => {
                     match known.get(&marker) {
@@ -89,7 +105,16 @@ pub(super) async fn watch(links: Links, marker: String, data_loss: Counter) {
 }
 
 fn report_change(marker: &str, previous: &Observed, current: &Observed, data_loss: &Counter) {
-    if previous.epoch != current.epoch {
+    let moved = previous.node.is_some() && previous.node != current.node;
+    if previous.epoch == current.epoch && moved && current.replid2 != previous.replid {
+        // Another node, not promoted from the previous one: the slot moved, with its keys.
+        tracing::info!(
+            marker,
+            from = previous.node.as_deref().unwrap_or(""),
+            to = current.node.as_deref().unwrap_or(""),
+            "an epoch marker moved with its slot to another node (resharding); nothing was lost"
+        );
+    } else if previous.epoch != current.epoch {
         data_loss.inc();
         tracing::error!(
             marker,
@@ -117,25 +142,27 @@ fn report_change(marker: &str, previous: &Observed, current: &Observed, data_los
 async fn observe(links: &Links, marker: &str, candidate: &str) -> Result<Observed, StoreError> {
     let mut link = links.pick()?;
     // In a Cluster the pipeline goes to the primary of the marker's slot, the first key in it.
-    let (epoch, server, replication): (String, String, String) = redis::pipe()
-        .cmd("SET")
-        .arg(marker)
-        .arg(candidate)
-        .arg("NX")
-        .ignore()
-        .cmd("GET")
-        .arg(marker)
-        .cmd("INFO")
-        .arg("server")
-        .cmd("INFO")
-        .arg("replication")
-        .query_async(&mut link)
-        .await
-        .map_err(unavailable)?;
+    let mut pipe = redis::pipe();
+    pipe.cmd("SET").arg(marker).arg(candidate).arg("NX").ignore();
+    pipe.cmd("GET").arg(marker).cmd("INFO").arg("server").cmd("INFO").arg("replication");
+    let (epoch, server, replication, node) = if links.is_cluster() {
+        // As a script on the marker's key, so that it runs on the node that holds the marker
+        // (a plain CLUSTER MYID would go to any node).
+        pipe.cmd("EVAL").arg("return redis.call('CLUSTER', 'MYID')").arg(1).arg(marker);
+        let (epoch, server, replication, node): (String, String, String, String) =
+            pipe.query_async(&mut link).await.map_err(unavailable)?;
+        (epoch, server, replication, Some(node))
+    } else {
+        let (epoch, server, replication): (String, String, String) =
+            pipe.query_async(&mut link).await.map_err(unavailable)?;
+        (epoch, server, replication, None)
+    };
     Ok(Observed {
         epoch,
         run_id: info_field(&server, "run_id"),
         replid: info_field(&replication, "master_replid"),
+        replid2: info_field(&replication, "master_replid2"),
+        node,
         version: info_field(&server, "redis_version"),
     })
 }
@@ -231,6 +258,31 @@ mod tests {
         assert_eq!(key_slot(b"foo"), 12182);
         assert_eq!(key_slot(b"bar"), 5061);
         assert_eq!(key_slot(b"123456789"), 12739);
+    }
+
+    fn observed(epoch: &str, node: &str, replid: &str, replid2: &str) -> Observed {
+        Observed {
+            epoch: epoch.into(),
+            run_id: format!("run-{node}"),
+            replid: replid.into(),
+            replid2: replid2.into(),
+            node: Some(node.into()),
+            version: "7.0.15".into(),
+        }
+    }
+
+    #[test]
+    fn a_marker_that_moved_with_its_slot_is_no_loss_and_a_failover_is_one() {
+        let before = observed("e1", "node-a", "repl-a", "0000");
+        let losses = Counter::default();
+        report_change("m", &before, &before.clone(), &losses);
+        assert_eq!(losses.get(), 0, "nothing changed");
+        report_change("m", &before, &observed("e1", "node-b", "repl-b", "0000"), &losses);
+        assert_eq!(losses.get(), 0, "the marker moved to another shard with its slot");
+        report_change("m", &before, &observed("e1", "node-c", "repl-c", "repl-a"), &losses);
+        assert_eq!(losses.get(), 1, "a replica of the previous node took over: a failover");
+        report_change("m", &before, &observed("e2", "node-b", "repl-b", "0000"), &losses);
+        assert_eq!(losses.get(), 2, "the marker is another one: its slot moved without its keys");
     }
 
     #[test]

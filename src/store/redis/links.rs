@@ -281,6 +281,9 @@ fn certificates(tls: &RedisTls) -> Result<Option<TlsCertificates>, StoreError> {
 }
 
 pub(super) fn unavailable(e: redis::RedisError) -> StoreError {
+    if e.is_cluster_error() {
+        return StoreError::Migrating(e.to_string());
+    }
     StoreError::Unavailable(e.to_string())
 }
 

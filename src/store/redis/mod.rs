@@ -135,6 +135,11 @@ impl RedisStore {
         Ok(Self { links, scripts, timeout, channel, prefix, waiters, subscribed, data_loss, commands, background })
     }
 
+    /// The deadline of one call (`store.timeout`).
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// Counts the commands this gateway sent (each one round trip).
     pub fn commands_counter(&self) -> Counter {
         self.commands.clone()
@@ -218,6 +223,27 @@ impl RedisStore {
             self.query(pipe("EVALSHA", settle.script.get_hash()), Some(&|| pipe("EVAL", settle.code).into())).await?;
         settled(reply)
     }
+
+    /// The settle script with the response as its argument, on the record's one key.
+    async fn settle_in_place(
+        &self,
+        lease: &Lease,
+        state: &str,
+        response: Option<&StoredResponse>,
+        retention: Duration,
+    ) -> Result<Settled, StoreError> {
+        let reply = self
+            .eval(&self.scripts.settle, lease.key.as_str(), |cmd| {
+                cmd.arg(&lease.owner.as_bytes()[..]).arg(state);
+                match response {
+                    Some(r) => cmd.arg(Encoded(r)),
+                    None => cmd.arg(""),
+                };
+                cmd.arg(ms(retention)).arg(&self.channel);
+            })
+            .await?;
+        settled(Reply::integer(reply)?)
+    }
 }
 
 fn ms(d: Duration) -> u64 {
@@ -292,19 +318,26 @@ impl Store for RedisStore {
             Final::Unknown => ("u", None),
         };
         if let Some(large) = response.filter(|r| r.body.len() >= ASIDE_FROM) {
-            return self.settle_aside(lease, state, large, retention).await;
+            match self.settle_aside(lease, state, large, retention).await {
+                // While its slot migrates, the record may still be on the source node and the
+                // side key land on the target (ASK), or the two keys be split between them
+                // (TRYAGAIN): the two-key settle cannot work until the migration ends, which
+                // may take longer than the lease. The one-key settle, with the body as an
+                // argument, follows the redirection like any one-key call. (The side key, if
+                // it was written, expires with the claim.)
+                Err(StoreError::Migrating(e)) => {
+                    tracing::debug!(key = lease.key.short(), error = %e, "large settle met a slot migration; settling in one key");
+                    return match self.settle_in_place(lease, state, response, retention).await {
+                        // The two-key try may have landed before its reply was lost: only a
+                        // later try can tell that apart from a takeover.
+                        Ok(Settled::Lost) => Err(StoreError::Migrating(e)),
+                        other => other,
+                    };
+                }
+                other => return other,
+            }
         }
-        let reply = self
-            .eval(&self.scripts.settle, lease.key.as_str(), |cmd| {
-                cmd.arg(&lease.owner.as_bytes()[..]).arg(state);
-                match response {
-                    Some(r) => cmd.arg(Encoded(r)),
-                    None => cmd.arg(""),
-                };
-                cmd.arg(ms(retention)).arg(&self.channel);
-            })
-            .await?;
-        settled(Reply::integer(reply)?)
+        self.settle_in_place(lease, state, response, retention).await
     }
 
     async fn release(

@@ -4,6 +4,7 @@ mod crash;
 mod disconnect;
 mod flaky_upstream;
 mod lease;
+mod redis_blip;
 mod redis_down;
 mod redis_loss;
 mod shutdown_deadline;
@@ -30,4 +31,5 @@ pub const ALL: &[(&str, Scenario)] = &[
     ("9 shutdown deadline with a request still running", || Box::pin(shutdown_deadline::run())),
     ("10 storm on a 3-primary Redis Cluster", || Box::pin(topologies::cluster())),
     ("11 storm, SENTINEL FAILOVER, retries, storm", || Box::pin(topologies::sentinel_failover())),
+    ("12 redis down 0.5s, 1.5s, 3s while the upstream answers", || Box::pin(redis_blip::run())),
 ];
