@@ -5,7 +5,9 @@
 //! same key and body is the backstop at work: it gets the original answer back with
 //! `Idempotency-Backstop: hit` and is counted as a caught duplicate; another body gets 422.
 //! Faults are injected per key: a delay, 5xx answers for the first arrivals, or a dropped
-//! connection.
+//! connection. A request with `X-Answer-Bytes: N` gets an answer padded to N bytes. The
+//! `Idempotency-Attempt` of every arrival is kept, so that a second run can be told apart:
+//! attempt 2 took over a claim whose lease passed, attempt 1 again found no record at all.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -35,6 +37,7 @@ pub struct Faults {
 struct State {
     faults: Faults,
     arrivals: HashMap<String, u32>,
+    attempts: HashMap<String, Vec<u32>>,
     rows: HashMap<String, (Bytes, Bytes)>,
     backstop_hits: u32,
 }
@@ -68,6 +71,11 @@ impl Ledger {
         Totals { arrivals: s.arrivals.values().sum(), rows: s.rows.len() as u32, backstop_hits: s.backstop_hits }
     }
 
+    /// The `Idempotency-Attempt` of each arrival of `key`, in order (0 when it had none).
+    pub fn attempts(&self, key: &str) -> Vec<u32> {
+        self.state.lock().unwrap().attempts.get(key).cloned().unwrap_or_default()
+    }
+
     /// Keys that arrived more often than `max` times.
     pub fn keys_over(&self, max: u32) -> Vec<(String, u32)> {
         let s = self.state.lock().unwrap();
@@ -77,6 +85,9 @@ impl Ledger {
 
 async fn answer(state: Arc<Mutex<State>>, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
     let key = req.headers().get("idempotency-key").and_then(|v| v.to_str().ok()).unwrap_or("").to_owned();
+    let number = |name: &str| req.headers().get(name).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u32>().ok());
+    let attempt = number("idempotency-attempt").unwrap_or(0);
+    let pad = number("x-answer-bytes").unwrap_or(0) as usize;
     let body = req.into_body().collect().await.map(|c| c.to_bytes()).unwrap_or_default();
     enum Outcome {
         Fail,
@@ -91,6 +102,7 @@ async fn answer(state: Arc<Mutex<State>>, req: Request<Incoming>) -> Result<Resp
             *a += 1;
             *a
         };
+        s.attempts.entry(key.clone()).or_default().push(attempt);
         let f = s.faults.clone();
         let jitter = if f.jitter.is_zero() { Duration::ZERO } else { f.jitter.mul_f64(rand::random::<f64>()) };
         let delay = if n == 1 { f.first_delay } else { f.later_delay } + jitter;
@@ -105,7 +117,11 @@ async fn answer(state: Arc<Mutex<State>>, req: Request<Incoming>) -> Result<Resp
             }
         } else {
             let order_id = s.rows.len() + 1;
-            let answer = Bytes::from(format!(r#"{{"order_id":{order_id},"key":{key:?}}}"#));
+            let answer = match pad {
+                0 => format!(r#"{{"order_id":{order_id},"key":{key:?}}}"#),
+                _ => format!(r#"{{"order_id":{order_id},"key":{key:?},"pad":"{}"}}"#, "x".repeat(pad)),
+            };
+            let answer = Bytes::from(answer);
             s.rows.insert(key.clone(), (body, answer.clone()));
             Outcome::Created(answer)
         };

@@ -174,56 +174,72 @@ impl RedisCluster {
     /// [`RedisCluster::finish_migration`]; meanwhile the source answers ASK for keys it does not
     /// hold, and TRYAGAIN for a command on several keys that are split between the two.
     pub fn begin_migration(&self, slot: u16, from: u16, to: u16) {
-        let (from_id, to_id) = (self.node_id(from), self.node_id(to));
-        let _: () = ::redis::cmd("CLUSTER")
-            .arg("SETSLOT")
-            .arg(slot)
-            .arg("IMPORTING")
-            .arg(&from_id)
-            .query(&mut self.connection(to))
-            .unwrap();
-        let _: () = ::redis::cmd("CLUSTER")
-            .arg("SETSLOT")
-            .arg(slot)
-            .arg("MIGRATING")
-            .arg(&to_id)
-            .query(&mut self.connection(from))
-            .unwrap();
+        self.begin_migrations(&[(slot, from, to)]);
+    }
+
+    /// [`RedisCluster::begin_migration`] for many slots, each `(slot, from, to)`.
+    pub fn begin_migrations(&self, moves: &[(u16, u16, u16)]) {
+        let ids: std::collections::HashMap<u16, String> =
+            self.primary_ports().into_iter().map(|port| (port, self.node_id(port))).collect();
+        for &(slot, from, to) in moves {
+            let setslot = |on: u16, state: &str, node: u16| {
+                let _: () = ::redis::cmd("CLUSTER")
+                    .arg("SETSLOT")
+                    .arg(slot)
+                    .arg(state)
+                    .arg(&ids[&node])
+                    .query(&mut self.connection(on))
+                    .unwrap_or_else(|e| panic!("SETSLOT {slot} {state} on {on}: {e}"));
+            };
+            setslot(to, "IMPORTING", from);
+            setslot(from, "MIGRATING", to);
+        }
     }
 
     /// Moves every key of `slot` from `from` to `to` (`MIGRATE`) and gives the slot to `to` on
     /// every primary, ending a [`RedisCluster::begin_migration`].
     pub fn finish_migration(&self, slot: u16, from: u16, to: u16) {
-        loop {
-            let keys: Vec<Vec<u8>> = ::redis::cmd("CLUSTER")
-                .arg("GETKEYSINSLOT")
-                .arg(slot)
-                .arg(100)
-                .query(&mut self.connection(from))
-                .unwrap();
-            if keys.is_empty() {
-                break;
+        self.finish_migrations(&[(slot, from, to)]);
+    }
+
+    /// [`RedisCluster::finish_migration`] for many slots, each `(slot, from, to)`.
+    pub fn finish_migrations(&self, moves: &[(u16, u16, u16)]) {
+        let primaries = self.primary_ports();
+        let ids: std::collections::HashMap<u16, String> =
+            primaries.iter().map(|port| (*port, self.node_id(*port))).collect();
+        for &(slot, from, to) in moves {
+            let mut source = self.connection(from);
+            loop {
+                let keys: Vec<Vec<u8>> =
+                    ::redis::cmd("CLUSTER").arg("GETKEYSINSLOT").arg(slot).arg(100).query(&mut source).unwrap();
+                if keys.is_empty() {
+                    break;
+                }
+                let _: () = ::redis::cmd("MIGRATE")
+                    .arg("127.0.0.1")
+                    .arg(to)
+                    .arg("")
+                    .arg(0)
+                    .arg(5000)
+                    .arg("KEYS")
+                    .arg(&keys)
+                    .query(&mut source)
+                    .unwrap_or_else(|e| panic!("MIGRATE from {from} to {to}: {e}"));
             }
-            let _: () = ::redis::cmd("MIGRATE")
-                .arg("127.0.0.1")
-                .arg(to)
-                .arg("")
-                .arg(0)
-                .arg(5000)
-                .arg("KEYS")
-                .arg(&keys)
-                .query(&mut self.connection(from))
-                .unwrap_or_else(|e| panic!("MIGRATE from {from} to {to}: {e}"));
-        }
-        let to_id = self.node_id(to);
-        for port in self.primary_ports() {
-            let _: () = ::redis::cmd("CLUSTER")
-                .arg("SETSLOT")
-                .arg(slot)
-                .arg("NODE")
-                .arg(&to_id)
-                .query(&mut self.connection(port))
-                .unwrap();
+            // The target first (it takes the slot and bumps its epoch), then the source, then
+            // the rest, as redis-cli does: a source that let go first would send clients to a
+            // target that does not own the slot yet.
+            let mut order = vec![to, from];
+            order.extend(primaries.iter().copied().filter(|p| *p != to && *p != from));
+            for port in &order {
+                let _: () = ::redis::cmd("CLUSTER")
+                    .arg("SETSLOT")
+                    .arg(slot)
+                    .arg("NODE")
+                    .arg(&ids[&to])
+                    .query(&mut self.connection(*port))
+                    .unwrap_or_else(|e| panic!("SETSLOT {slot} NODE on {port}: {e}"));
+            }
         }
     }
 
@@ -269,6 +285,31 @@ impl RedisCluster {
             replica_linked(&self.reach, old_port, replica_port)
         });
         self.wait_healthy(Duration::from_secs(20));
+    }
+
+    /// Kills the node on `port` (SIGKILL: an unplanned failure) and returns once its replica
+    /// `replica_port` serves its slots as a primary in the view of every node still up, and
+    /// the cluster is ok there.
+    pub fn kill_and_wait_promoted(&self, port: u16, replica_port: u16) {
+        let node = self.nodes.iter().find(|n| n.addr().port() == port).unwrap_or_else(|| panic!("no node on {port}"));
+        node.stop();
+        wait_for(Duration::from_secs(30), "the replica to take over", || {
+            for node in self.nodes.iter().filter(|n| n.addr().port() != port) {
+                let view = nodes_of(&self.reach, node.addr().port())?;
+                let new = view.iter().find(|n| n.port == replica_port).ok_or("the replica is unknown")?;
+                if !new.is_primary() || new.slots.is_empty() {
+                    return Err(format!("node {} does not see {replica_port} as a primary yet", node.addr().port()));
+                }
+                let info: String = ::redis::cmd("CLUSTER")
+                    .arg("INFO")
+                    .query(&mut connect(&self.reach, node.addr().port()).map_err(|e| e.to_string())?)
+                    .map_err(|e| e.to_string())?;
+                if !info.lines().any(|l| l.trim() == "cluster_state:ok") {
+                    return Err(format!("the cluster is not ok on {}", node.addr().port()));
+                }
+            }
+            Ok(())
+        });
     }
 
     /// The cluster's layout as the first node that answers sees it.

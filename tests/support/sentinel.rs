@@ -121,6 +121,21 @@ impl SentinelSet {
         });
     }
 
+    /// Kills the primary (SIGKILL: an unplanned failure) and returns once the first Sentinel
+    /// names the replica as the new primary.
+    pub fn kill_primary(&self) {
+        let old = self.primary_index();
+        let new_port = self.servers[1 - old].port;
+        self.servers[old].stop();
+        let first = &self.sentinels[0];
+        wait_for(Duration::from_secs(30), "the Sentinels to promote the replica", || {
+            match first.master_addr(&self.name) {
+                Some(port) if port == new_port => Ok(()),
+                other => Err(format!("Sentinel {} still names {other:?}", first.port)),
+            }
+        });
+    }
+
     /// Fails over to the replica with `SENTINEL FAILOVER` and returns once every Sentinel reports
     /// it as the primary, it answers as one, and the old primary is its replica with the link up.
     /// Sentinel turns the old primary into a replica only when it next looks at it, about ten

@@ -9,15 +9,16 @@
 //!   a failover. Calls made while no primary is known fail with a store error, and the route's
 //!   `on_store_error` applies to them; calls in flight finish on the links they took.
 //! - Cluster: each link is a cluster connection that routes every call by its key's slot and
-//!   follows MOVED/ASK redirections and topology changes by itself. Every script touches one
-//!   key, so each runs on the primary of that key's slot.
+//!   learns topology changes by itself; redirections (MOVED, ASK) are followed by the store,
+//!   not by the cluster client, for the reason [`Nodes`] gives. Every script touches one key,
+//!   so each runs on the primary of that key's slot.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, IntoConnectionInfo, Pipeline, RedisFuture, TlsCertificates, Value};
@@ -79,6 +80,23 @@ pub(super) struct Links {
     changed: Arc<watch::Sender<u64>>,
     /// Wakes the Sentinel follower early: a call met a node that is no longer primary.
     trouble: Arc<Notify>,
+    /// A Cluster's nodes, reached directly for the calls it redirects with ASK.
+    nodes: Option<Arc<Nodes>>,
+}
+
+/// Direct connections to a Cluster's nodes, made when a call is first redirected to one.
+///
+/// The hazard they exist for: the cluster client's own ASK handling sends `ASKING` and the
+/// redirected command as two requests on a connection that other calls share; under load,
+/// another command comes between them and takes the one-time permission, the redirected
+/// command bounces back (MOVED), and the client, refreshing its slots on every bounce, ends
+/// up answering no call at all, also after the migration (reproduced with 50 writes into one
+/// migrating slot: 2 went through, and every later call timed out). So the cluster client
+/// makes no retries, and the store follows redirections itself (`RedisStore::query`).
+pub(super) struct Nodes {
+    access: NodeAccess,
+    timeout: Duration,
+    connections: std::sync::Mutex<std::collections::HashMap<String, MultiplexedConnection>>,
 }
 
 /// Opened links, and for Sentinel what the task that keeps them on the primary starts from
@@ -129,17 +147,55 @@ impl Links {
                 (Current { links: Box::new([]), notify: Vec::new() }, false, Some(sentinels))
             }
             Target::Cluster { seeds, tls, auth } => {
-                (cluster_links(&seeds, tls, &with_password(auth, password), certs, count, timeout)?, true, None)
+                let auth = with_password(auth, password);
+                let current = cluster_links(&seeds, tls, &auth, certs.clone(), count, timeout)?;
+                let scheme = if tls { "rediss" } else { "redis" };
+                let access = NodeAccess { scheme, auth, certs };
+                let nodes = Nodes { access, timeout, connections: Default::default() };
+                return Ok(Opened { links: Links::new(current, true, Some(Arc::new(nodes))), sentinels: None });
             }
         };
-        let links = Links {
+        Ok(Opened { links: Links::new(current, cluster, None), sentinels })
+    }
+
+    fn new(current: Current, cluster: bool, nodes: Option<Arc<Nodes>>) -> Self {
+        Links {
             current: Arc::new(ArcSwap::from_pointee(current)),
             next: Arc::new(AtomicUsize::new(0)),
             cluster,
             changed: Arc::new(watch::channel(0).0),
             trouble: Arc::new(Notify::new()),
-        };
-        Ok(Opened { links, sentinels })
+            nodes,
+        }
+    }
+
+    /// A direct connection to the Cluster node at `address` (`host:port`, as a redirection
+    /// names it), with that address.
+    pub async fn node(&self, address: &str) -> Result<(String, MultiplexedConnection), StoreError> {
+        let nodes = self.nodes.as_ref().ok_or_else(|| StoreError::Migrating("ASK outside a Cluster".into()))?;
+        let parsed = address
+            .rsplit_once(':')
+            .and_then(|(host, port)| {
+                Some(Address { host: host.trim_matches(['[', ']']).to_owned(), port: port.parse().ok()? })
+            })
+            .ok_or_else(|| StoreError::Protocol(format!("a redirection to {address:?}")))?;
+        let key = address.to_owned();
+        let known = nodes.connections.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&key).cloned();
+        if let Some(conn) = known {
+            return Ok((key, conn));
+        }
+        let client = nodes.access.client(&parsed)?;
+        let config = redis::AsyncConnectionConfig::new().set_connection_timeout(Some(nodes.timeout));
+        let conn = client.get_multiplexed_async_connection_with_config(&config).await.map_err(unavailable)?;
+        nodes.connections.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(key.clone(), conn.clone());
+        Ok((key, conn))
+    }
+
+    /// Drops the direct connection to a node that broke; the next redirection makes another.
+    pub fn forget_node(&self, address: &str) {
+        if let Some(nodes) = &self.nodes {
+            nodes.connections.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(address);
+        }
     }
 
     /// The next link in turn; an error while Sentinel has not named a primary yet.
@@ -215,7 +271,9 @@ fn cluster_links(
 ) -> Result<Current, StoreError> {
     let scheme = if tls { "rediss" } else { "redis" };
     let urls: Vec<String> = seeds.iter().map(|a| format!("{scheme}://{a}")).collect();
-    let mut builder = ClusterClientBuilder::new(urls.iter().map(String::as_str)).connection_timeout(timeout);
+    // No retries of its own: the store follows MOVED and ASK itself (see `Nodes`), and waits
+    // out TRYAGAIN and CLUSTERDOWN by its own policies.
+    let mut builder = ClusterClientBuilder::new(urls.iter().map(String::as_str)).connection_timeout(timeout).retries(0);
     if let Some(user) = &auth.username {
         builder = builder.username(user);
     }

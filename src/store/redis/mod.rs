@@ -161,13 +161,30 @@ impl RedisStore {
         let call = async {
             let mut conn = self.links.pick()?;
             self.commands.inc();
-            let result = match (request.send(&mut conn).await, on_noscript) {
+            let mut result = match (request.send(&mut conn).await, on_noscript) {
                 (Err(e), Some(eval)) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                     self.commands.inc();
                     eval().send(&mut conn).await
                 }
                 (result, _) => result,
             };
+            // A Cluster's redirections, which its client leaves to us (see `links`): after
+            // MOVED it knows the slot's new node, so the call goes again; after ASK the call
+            // goes to the node named, for this one call.
+            match result.as_ref().err().map(|e| (e.kind(), e.redirect_node())) {
+                Some((ErrorKind::Server(ServerErrorKind::Moved), _)) => {
+                    self.commands.inc();
+                    result = request.send(&mut conn).await;
+                }
+                // `redirect_node` is the node's "host:port" and the slot.
+                Some((ErrorKind::Server(ServerErrorKind::Ask), Some((address, _slot)))) => {
+                    let node = self.links.node(address).await?;
+                    if let Some(followed) = self.asking(&request, node, on_noscript).await {
+                        result = followed;
+                    }
+                }
+                _ => {}
+            }
             if let Err(e) = &result {
                 // A demoted primary answers READONLY; a dead one breaks the connection.
                 if e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly) || e.is_io_error() {
@@ -177,6 +194,30 @@ impl RedisStore {
             result.map_err(unavailable)
         };
         tokio::time::timeout(self.timeout, call).await.map_err(|_| StoreError::Timeout(self.timeout))?
+    }
+
+    /// Sends `request` to the node an ASK redirection named (see [`Request::asking`]), and by
+    /// the script's text if that node lacks the script. `None` for a request that cannot be
+    /// redirected this way.
+    async fn asking<T: FromRedisValue>(
+        &self,
+        request: &Request,
+        node: (String, redis::aio::MultiplexedConnection),
+        on_noscript: Option<&(dyn Fn() -> Request + Sync)>,
+    ) -> Option<redis::RedisResult<T>> {
+        let (address, mut conn) = node;
+        self.commands.inc();
+        let result = match (request.asking(&mut conn).await?, on_noscript) {
+            (Err(e), Some(eval)) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                self.commands.inc();
+                eval().asking(&mut conn).await?
+            }
+            (result, _) => result,
+        };
+        if result.as_ref().is_err_and(redis::RedisError::is_io_error) {
+            self.links.forget_node(&address);
+        }
+        Some(result)
     }
 
     /// Calls `script` on the one key `key` (a record, or a quota counter); `args` appends its

@@ -2,6 +2,7 @@
 //! that does not have the shape the store expects is a protocol error, never a panic.
 
 use bytes::Bytes;
+use redis::aio::MultiplexedConnection;
 use redis::{Cmd, FromRedisValue, Value};
 
 use super::links::Link;
@@ -31,6 +32,18 @@ impl Request {
             Self::One(cmd) => cmd.query_async(conn).await,
             Self::Pipeline(pipe) => pipe.query_async(conn).await,
         }
+    }
+
+    /// Sends a command to the node a Cluster redirected it to with ASK: `ASKING` and the
+    /// command in one pipeline, so that nothing else on the connection can come between the
+    /// two and take the one-time permission. (A pipeline is not followed: the store's only
+    /// pipeline touches two keys, which a migrating slot may hold apart; its caller falls
+    /// back to a one-key call.)
+    pub async fn asking<T: FromRedisValue>(&self, conn: &mut MultiplexedConnection) -> Option<redis::RedisResult<T>> {
+        let Self::One(cmd) = self else { return None };
+        let mut pipe = redis::pipe();
+        pipe.cmd("ASKING").ignore().add_command(cmd.clone());
+        Some(pipe.query_async::<(T,)>(conn).await.map(|(value,)| value))
     }
 }
 

@@ -2,11 +2,13 @@
 
 mod crash;
 mod disconnect;
+mod failover;
 mod flaky_upstream;
 mod lease;
 mod redis_blip;
 mod redis_down;
 mod redis_loss;
+mod reshard;
 mod shutdown_deadline;
 mod sigterm;
 mod storm;
@@ -32,4 +34,7 @@ pub const ALL: &[(&str, Scenario)] = &[
     ("10 storm on a 3-primary Redis Cluster", || Box::pin(topologies::cluster())),
     ("11 storm, SENTINEL FAILOVER, retries, storm", || Box::pin(topologies::sentinel_failover())),
     ("12 redis down 0.5s, 1.5s, 3s while the upstream answers", || Box::pin(redis_blip::run())),
+    ("13 cluster slots MIGRATING for 2s under small and 20 KiB answers", || Box::pin(reshard::run())),
+    ("14 cluster primary killed while the upstream answers", || Box::pin(failover::cluster())),
+    ("15 sentinel primary killed while the upstream answers", || Box::pin(failover::sentinel())),
 ];
