@@ -178,14 +178,15 @@ impl<'a> Settle<'a> {
                 done => return done,
             };
             failed += 1;
-            // A try sent after this could land when the lease has passed.
-            let window_end = self.lease_end().checked_sub(self.store.call_timeout());
-            let next = Instant::now() + pause;
-            if window_end.is_none_or(|end| next >= end) || next >= give_up {
+            // A try sent after the window could land when the lease has passed; the last
+            // pause is cut short so that one more try still goes within it.
+            let now = Instant::now();
+            let window_end = self.lease_end().checked_sub(self.store.call_timeout()).filter(|end| *end > now);
+            let Some(window_end) = window_end.filter(|_| now < give_up) else {
                 return Err(error);
-            }
+            };
             tracing::debug!(route = %self.route.name, key = lease.key().short(), tries = failed, error = %error, "store write failed after the upstream answered; trying again");
-            tokio::time::sleep(pause).await;
+            tokio::time::sleep(pause.min(window_end - now)).await;
             pause = (pause * 2).min(MAX_BACKOFF);
             if self.route.policy.renew {
                 let sent = Instant::now();
