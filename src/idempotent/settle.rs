@@ -108,8 +108,12 @@ impl<'a> Settle<'a> {
     /// Settles the claim with its outcome, after `failed` tries the caller already made; true
     /// when the lease turned out to be lost.
     pub async fn finish(&self, lease: Lease, outcome: Final<'_>, failed: u32) -> bool {
+        // Boxed: the retry loop holds a store write, a renewal and a timer, and inline it would
+        // swell every exchange's state (copied whole when the exchange is spawned) although it
+        // runs only after the store failed. Measured: +22k instructions per first request.
         let result =
-            self.persist(&lease, failed, || self.store.settle(&lease, outcome, self.route.policy.retention)).await;
+            Box::pin(self.persist(&lease, failed, || self.store.settle(&lease, outcome, self.route.policy.retention)))
+                .await;
         self.logged("settle", result)
     }
 
@@ -131,7 +135,8 @@ impl<'a> Settle<'a> {
     pub async fn release(&self, lease: Lease, sent: Sent, reason: ReleaseReason) {
         self.route.metrics.released(reason);
         let (key, owner, ttl) = (lease.key(), lease.owner(), lease.release_ttl());
-        let result = self.persist(&lease, 0, || self.store.release(key, owner, sent, ttl)).await;
+        // Boxed, as in `finish`.
+        let result = Box::pin(self.persist(&lease, 0, || self.store.release(key, owner, sent, ttl))).await;
         self.logged("release", result);
     }
 

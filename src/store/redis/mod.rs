@@ -176,10 +176,11 @@ impl RedisStore {
                     self.commands.inc();
                     result = request.send(&mut conn).await;
                 }
-                // `redirect_node` is the node's "host:port" and the slot.
+                // `redirect_node` is the node's "host:port" and the slot. Boxed: making a
+                // connection is a large future, and inline it would swell every store call's
+                // (and so every request's) state for a path taken only during migrations.
                 Some((ErrorKind::Server(ServerErrorKind::Ask), Some((address, _slot)))) => {
-                    let node = self.links.node(address).await?;
-                    if let Some(followed) = self.asking(&request, node, on_noscript).await {
+                    if let Some(followed) = Box::pin(self.asking(&request, address, on_noscript)).await? {
                         result = followed;
                     }
                 }
@@ -202,22 +203,26 @@ impl RedisStore {
     async fn asking<T: FromRedisValue>(
         &self,
         request: &Request,
-        node: (String, redis::aio::MultiplexedConnection),
+        address: &str,
         on_noscript: Option<&(dyn Fn() -> Request + Sync)>,
-    ) -> Option<redis::RedisResult<T>> {
-        let (address, mut conn) = node;
+    ) -> Result<Option<redis::RedisResult<T>>, StoreError> {
+        let (address, mut conn) = self.links.node(address).await?;
         self.commands.inc();
-        let result = match (request.asking(&mut conn).await?, on_noscript) {
+        let Some(first) = request.asking(&mut conn).await else { return Ok(None) };
+        let result = match (first, on_noscript) {
             (Err(e), Some(eval)) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 self.commands.inc();
-                eval().asking(&mut conn).await?
+                match eval().asking(&mut conn).await {
+                    Some(result) => result,
+                    None => return Ok(None),
+                }
             }
             (result, _) => result,
         };
         if result.as_ref().is_err_and(redis::RedisError::is_io_error) {
             self.links.forget_node(&address);
         }
-        Some(result)
+        Ok(Some(result))
     }
 
     /// Calls `script` on the one key `key` (a record, or a quota counter); `args` appends its
