@@ -478,6 +478,13 @@ async fn cluster_a_large_settle_during_a_slot_migration_lands_in_one_key() {
     }
 }
 
+/// How many epoch markers under `prefix` the node on `port` holds.
+fn epoch_markers_on(cluster: &RedisCluster, prefix: &str, port: u16) -> usize {
+    let keys: Vec<String> =
+        ::redis::cmd("KEYS").arg(format!("{prefix}:epoch:*")).query(&mut cluster.connection(port)).unwrap();
+    keys.len()
+}
+
 /// Cluster-only: a rebalance moves a shard's first slot, and with it the shard's epoch marker,
 /// to another shard. Nothing was lost, and the data-loss counter says so.
 #[tokio::test]
@@ -487,11 +494,7 @@ async fn cluster_a_rebalance_is_not_taken_for_data_loss() {
     let store = RedisStore::new(&cluster.url(), 2, Duration::from_secs(2), &prefix).unwrap();
     let losses = store.data_loss_counter();
     let store = ready(store).await;
-    let markers_on = |port: u16| -> usize {
-        let keys: Vec<String> =
-            ::redis::cmd("KEYS").arg(format!("{prefix}:epoch:*")).query(&mut cluster.connection(port)).unwrap();
-        keys.len()
-    };
+    let markers_on = |port: u16| epoch_markers_on(&cluster, &prefix, port);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while cluster.primary_ports().into_iter().any(|port| markers_on(port) != 1) {
         assert!(tokio::time::Instant::now() < deadline, "a marker per shard was never written");
@@ -569,13 +572,7 @@ async fn cluster_data_loss_is_detected_per_shard() {
         let holding: Vec<u16> = cluster
             .primary_ports()
             .into_iter()
-            .filter(|port| {
-                let keys: Vec<String> = ::redis::cmd("KEYS")
-                    .arg(format!("{prefix}:epoch:*"))
-                    .query(&mut cluster.connection(*port))
-                    .unwrap();
-                keys.len() == 1
-            })
+            .filter(|port| epoch_markers_on(&cluster, &prefix, *port) == 1)
             .collect();
         if holding.len() == 3 {
             break;
