@@ -342,6 +342,49 @@ async fn a_store_blip_after_the_upstream_answered_does_not_lose_the_answer() {
     assert_eq!(upstream.executions_by_key()["blip"], 1);
 }
 
+/// What the lease-long settle leaves: a store down for longer than the lease. The settle
+/// gives up a store timeout before the lease ends (the exchange ends, it does not hang on),
+/// the failure is counted, and the retry after the lease runs again, as attempt 2, for the
+/// upstream's own constraint to answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_down_for_longer_than_the_lease_leaves_the_rerun_to_the_upstream() {
+    let slow = TestUpstream::with(Behavior { delay: Duration::from_millis(300), ..Behavior::default() }).await;
+    let Proxied { proxy, upstream, gw, client } = proxied(slow, r#"lease = "2s""#).await;
+    let c = client.clone();
+    let started = Instant::now();
+    let first = tokio::spawn(async move { c.post_json("/orders", Some("long-outage"), ORDER).await });
+    // The claim went through; now Redis is out of reach (new connections are refused).
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    proxy.retarget(dead);
+    let first = first.await.unwrap();
+    assert_eq!(first.status, 201, "the client gets the upstream's answer: {first:?}");
+    // The settle tries until a store timeout (500ms) before the 2s lease ends, then gives up.
+    let admin = gw.admin_client();
+    let metrics = loop {
+        let text = String::from_utf8(admin.get("/metrics", &[]).await.body.to_vec()).unwrap();
+        if text.contains(r#"idemgate_store_write_failed_total{route="orders"} 1"#) {
+            break text;
+        }
+        assert!(started.elapsed() < Duration::from_secs(4), "the settle never gave up:\n{text}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(metrics.contains("idemgate_exchanges_running 0"), "the exchange ended:\n{metrics}");
+    assert!(started.elapsed() >= Duration::from_millis(1000), "it kept trying: {:?}", started.elapsed());
+    proxy.retarget(RedisServer::shared().addr());
+    tokio::time::sleep(Duration::from_millis(2500).saturating_sub(started.elapsed())).await;
+    let retry = client.post_json("/orders", Some("long-outage"), ORDER).await;
+    assert_eq!(retry.status, 201, "{retry:?}");
+    assert_eq!(upstream.executions_by_key()["long-outage"], 2);
+    let attempts: Vec<Option<String>> = upstream
+        .seen()
+        .iter()
+        .filter(|seen| seen.headers.get("idempotency-key").is_some_and(|k| k == "long-outage"))
+        .map(|seen| seen.headers.get("idempotency-attempt").map(|a| a.to_str().unwrap().to_owned()))
+        .collect();
+    assert_eq!(attempts, [Some("1".into()), Some("2".into())], "the re-run is announced as attempt 2");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_settle_applied_but_answered_too_late_is_not_counted_as_a_lost_lease() {
     let slow = TestUpstream::with(Behavior { delay: Duration::from_millis(400), ..Behavior::default() }).await;
