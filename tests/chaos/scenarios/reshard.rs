@@ -4,6 +4,7 @@
 //! replay, and no key runs twice: a large answer whose two-key settle meets ASK or TRYAGAIN
 //! falls back to the one-key settle, and the settle keeps trying while the lease lasts.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderValue, Method};
@@ -66,22 +67,13 @@ pub async fn run() -> Report {
     };
     send(&mut first, 0..KEYS / 2);
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let begin = moves.clone();
-    let cluster = tokio::task::spawn_blocking(move || {
-        cluster.begin_migrations(&begin);
-        cluster
-    })
-    .await
-    .unwrap();
+    let cluster = Arc::new(cluster);
+    let moving = Arc::new(moves);
+    blocking(&cluster, &moving, RedisCluster::begin_migrations).await;
     send(&mut first, KEYS / 2..KEYS);
     tokio::time::sleep(MIGRATING).await;
-    let finish = moves.clone();
-    let cluster = tokio::task::spawn_blocking(move || {
-        cluster.finish_migrations(&finish);
-        cluster
-    })
-    .await
-    .unwrap();
+    blocking(&cluster, &moving, RedisCluster::finish_migrations).await;
+    let moves = moving;
     let mut errors = 0;
     for (key, reply) in first.join_all().await {
         match reply {
@@ -122,6 +114,16 @@ pub async fn run() -> Report {
             MIGRATING.as_secs()
         ),
     }
+}
+
+/// Runs a fixture step that talks to the nodes synchronously, off the runtime's threads.
+async fn blocking(
+    cluster: &Arc<RedisCluster>,
+    moves: &Arc<Vec<(u16, u16, u16)>>,
+    step: fn(&RedisCluster, &[(u16, u16, u16)]),
+) {
+    let (cluster, moves) = (Arc::clone(cluster), Arc::clone(moves));
+    tokio::task::spawn_blocking(move || step(&cluster, &moves)).await.unwrap();
 }
 
 async fn post(client: &Client, key: &str, n: u32) -> Result<Reply, String> {
