@@ -14,8 +14,8 @@ use http::{HeaderMap, HeaderValue, StatusCode};
 use idemgate::policy::fingerprint::Fingerprint;
 use idemgate::policy::scope::{self, MissingScope, ScopeSource};
 use idemgate::store::{
-    Backend, Claim, EntryState, Final, Lease, MemoryStore, OwnerToken, QuotaKey, RecordKey, RedisStore, Renewal, Sent,
-    Settled, Store, StoredResponse,
+    Backend, Claim, Cursor, EntryState, Final, Held, IndexEntry, IndexKey, Lease, LookupEnd, LookupEnded, LookupStart,
+    MemoryStore, OwnerToken, QuotaKey, RecordKey, RedisStore, Renewal, Resolved, Sent, Settled, Store, StoredResponse,
 };
 use support::cluster::RedisCluster;
 use support::redis::RedisServer;
@@ -165,7 +165,10 @@ async fn a_first_attempt_released_unsent_leaves_nothing(store: Backend, p: Strin
 async fn an_unknown_outcome_refuses_retries_until_purged(store: Backend, p: String) {
     let k = record(&p, "a");
     let lease = acquire(&store, &k, fp(1), LEASE).await;
-    assert_eq!(store.settle(&lease, Final::Unknown, RETENTION).await.unwrap(), Settled::Done);
+    assert_eq!(
+        store.settle(&lease, Final::Unknown { trusted_in: Duration::ZERO }, RETENTION).await.unwrap(),
+        Settled::Done
+    );
     for _ in 0..2 {
         assert!(matches!(claim(&store, &k, fp(1)).await, Claim::Unknown { attempt: 1 }));
     }
@@ -356,6 +359,169 @@ async fn ping_answers(store: Backend, _p: String) {
 
 // ---- instantiation ---------------------------------------------------------------------
 
+/// A record held as unknown, whose "not found" is trusted `trusted_in` after now.
+async fn unknown(store: &Backend, key: &RecordKey, trusted_in: Duration) {
+    let lease = acquire(store, key, fp(1), LEASE).await;
+    assert_eq!(store.settle(&lease, Final::Unknown { trusted_in }, RETENTION).await.unwrap(), Settled::Done);
+}
+
+const LOOKUP: Duration = Duration::from_secs(5);
+
+async fn one_lookup_at_a_time_and_found_completes_the_record(store: Backend, p: String) {
+    let key = record(&p, "lookup-found");
+    unknown(&store, &key, Duration::ZERO).await;
+    let (mine, theirs) = (OwnerToken::generate(), OwnerToken::generate());
+    assert_eq!(store.begin_lookup(&key, &fp(1), mine, LOOKUP).await.unwrap(), LookupStart::Started { attempt: 1 });
+    let busy = store.begin_lookup(&key, &fp(1), theirs, LOOKUP).await.unwrap();
+    assert!(matches!(busy, LookupStart::Busy { left } if left > Duration::from_secs(3)), "{busy:?}");
+    // A lookup of another request under the key, or of a key that is not unknown: moved.
+    assert_eq!(store.begin_lookup(&key, &fp(2), theirs, LOOKUP).await.unwrap(), LookupStart::Moved);
+    assert_eq!(store.begin_lookup(&record(&p, "absent"), &fp(1), theirs, LOOKUP).await.unwrap(), LookupStart::Moved);
+    match store.get(&key).await.unwrap().unwrap().state {
+        EntryState::Unknown { lookup } => assert!(lookup, "the lookup shows"),
+        other => panic!("{other:?}"),
+    }
+    // Only the lookup's own token ends it; the waiter's watch fires on the end.
+    let watch = store.watch(&key);
+    let answer = response(b"{\"order_id\":7}");
+    let found = LookupEnd::Found { response: &answer, retention: RETENTION };
+    assert_eq!(store.end_lookup(&key, theirs, found).await.unwrap(), LookupEnded::Lost);
+    assert_eq!(store.end_lookup(&key, mine, found).await.unwrap(), LookupEnded::Done);
+    tokio::time::timeout(Duration::from_secs(3), watch.changed(tokio::time::Instant::now() + Duration::from_secs(3)))
+        .await
+        .unwrap();
+    match claim(&store, &key, fp(1)).await {
+        Claim::Completed(replayed) => assert_eq!(replayed, answer),
+        other => panic!("expected the found answer, got {other:?}"),
+    }
+    let entry = store.get(&key).await.unwrap().unwrap();
+    assert!(entry.expires_in > RETENTION - Duration::from_secs(5), "kept for its retention");
+    assert_eq!(store.end_lookup(&key, mine, LookupEnd::Failed).await.unwrap(), LookupEnded::Lost, "once");
+}
+
+async fn not_found_releases_only_once_it_can_be_trusted(store: Backend, p: String) {
+    let key = record(&p, "lookup-absent");
+    unknown(&store, &key, Duration::from_millis(600)).await;
+    let token = OwnerToken::generate();
+    assert!(matches!(store.begin_lookup(&key, &fp(1), token, LOOKUP).await.unwrap(), LookupStart::Started { .. }));
+    let early = store.end_lookup(&key, token, LookupEnd::NotFound { ttl: TTL }).await.unwrap();
+    assert!(
+        matches!(early, LookupEnded::TooEarly { left } if left > Duration::from_millis(200) && left <= Duration::from_millis(600)),
+        "{early:?}"
+    );
+    // Still unknown, and free for the next lookup.
+    assert!(matches!(claim(&store, &key, fp(1)).await, Claim::Unknown { attempt: 1 }));
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let token = OwnerToken::generate();
+    assert!(matches!(store.begin_lookup(&key, &fp(1), token, LOOKUP).await.unwrap(), LookupStart::Started { .. }));
+    assert_eq!(store.end_lookup(&key, token, LookupEnd::NotFound { ttl: TTL }).await.unwrap(), LookupEnded::Done);
+    // Released: the next request runs as attempt 2, whatever its body.
+    assert_eq!(acquire(&store, &key, fp(3), LEASE).await.attempt(), 2);
+}
+
+async fn a_failed_lookup_frees_the_key_and_a_dead_ones_lease_passes(store: Backend, p: String) {
+    let key = record(&p, "lookup-failed");
+    unknown(&store, &key, Duration::ZERO).await;
+    let token = OwnerToken::generate();
+    assert!(matches!(store.begin_lookup(&key, &fp(1), token, LOOKUP).await.unwrap(), LookupStart::Started { .. }));
+    assert_eq!(store.end_lookup(&key, token, LookupEnd::Failed).await.unwrap(), LookupEnded::Done);
+    // A lookup whose gateway died: its short lease passes, and the next one starts.
+    let dead = OwnerToken::generate();
+    let short = Duration::from_millis(150);
+    assert!(matches!(store.begin_lookup(&key, &fp(1), dead, short).await.unwrap(), LookupStart::Started { .. }));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let next = OwnerToken::generate();
+    assert!(matches!(store.begin_lookup(&key, &fp(1), next, LOOKUP).await.unwrap(), LookupStart::Started { .. }));
+    assert_eq!(
+        store.end_lookup(&key, dead, LookupEnd::Failed).await.unwrap(),
+        LookupEnded::Lost,
+        "the dead one is out"
+    );
+    assert!(matches!(claim(&store, &key, fp(1)).await, Claim::Unknown { attempt: 1 }));
+}
+
+async fn an_operator_resolves_unknown_and_executed_records_only(store: Backend, p: String) {
+    let key = record(&p, "resolve");
+    unknown(&store, &key, Duration::ZERO).await;
+    // A lookup running when the operator resolves finds its record gone from unknown.
+    let token = OwnerToken::generate();
+    assert!(matches!(store.begin_lookup(&key, &fp(1), token, LOOKUP).await.unwrap(), LookupStart::Started { .. }));
+    let answer = response(b"operator");
+    assert_eq!(store.resolve(&key, &answer, RETENTION).await.unwrap(), Resolved::Done { was: "unknown" });
+    assert_eq!(store.end_lookup(&key, token, LookupEnd::NotFound { ttl: TTL }).await.unwrap(), LookupEnded::Lost);
+    assert!(matches!(claim(&store, &key, fp(1)).await, Claim::Completed(r) if r == answer));
+    assert_eq!(
+        store.resolve(&key, &answer, RETENTION).await.unwrap(),
+        Resolved::Refused { state: Some("completed") },
+        "a completed record is not rewritten"
+    );
+    assert_eq!(
+        store.resolve(&record(&p, "none"), &answer, RETENTION).await.unwrap(),
+        Resolved::Refused { state: None }
+    );
+    let executed = record(&p, "resolve-x");
+    let lease = acquire(&store, &executed, fp(1), LEASE).await;
+    store.settle(&lease, Final::NotStored(&response(b"")), RETENTION).await.unwrap();
+    assert_eq!(store.resolve(&executed, &answer, RETENTION).await.unwrap(), Resolved::Done { was: "executed" });
+    let open = record(&p, "resolve-p");
+    let _lease = acquire(&store, &open, fp(1), LEASE).await;
+    assert_eq!(
+        store.resolve(&open, &answer, RETENTION).await.unwrap(),
+        Resolved::Refused { state: Some("in_progress") }
+    );
+}
+
+fn entry(record: &RecordKey, n: usize) -> IndexEntry {
+    IndexEntry {
+        record: record.as_str().to_owned(),
+        key: format!("key \"{n}\" /../"),
+        scope_hash: "ab".repeat(32),
+        method: "POST".into(),
+        path: "/orders?x=1".into(),
+        since_unix_ms: 1,
+    }
+}
+
+async fn the_index_pages_by_state_and_forgets(store: Backend, p: String) {
+    let index = IndexKey::new(&p, "route-a");
+    let other = IndexKey::new(&p, "route-b");
+    let records: Vec<RecordKey> = (0..7).map(|n| record(&p, &format!("ix{n}"))).collect();
+    for (n, r) in records.iter().enumerate() {
+        // Two of them share one expiry, so that a page boundary falls inside a tie.
+        let expires = RETENTION + Duration::from_secs(if n < 2 { 0 } else { n as u64 });
+        store.index(&index, Held::Unknown, &entry(r, n), expires).await.unwrap();
+    }
+    store.index(&index, Held::Executed, &entry(&records[6], 6), RETENTION).await.unwrap();
+    store.index(&other, Held::Unknown, &entry(&records[0], 0), RETENTION).await.unwrap();
+    assert_eq!(store.count(&index, Held::Unknown).await.unwrap(), 6, "moved to executed");
+    assert_eq!(store.count(&index, Held::Executed).await.unwrap(), 1);
+    let mut seen = Vec::new();
+    let mut cursor: Option<Cursor> = None;
+    for _ in 0..10 {
+        let page = store.list(&index, Held::Unknown, cursor, 1).await.unwrap();
+        seen.extend(page.entries.iter().map(|(e, _)| e.record.clone()));
+        cursor = page.next;
+        if cursor.is_none() {
+            break;
+        }
+    }
+    let mut expected: Vec<String> = records[..6].iter().map(|r| r.as_str().to_owned()).collect();
+    let mut got = seen.clone();
+    got.sort();
+    expected.sort();
+    assert_eq!(got, expected, "every entry once, across pages of one");
+    assert_eq!(seen.len(), 6);
+    let page = store.list(&index, Held::Unknown, None, 100).await.unwrap();
+    // Oldest expiry first, each description as written.
+    let first = &page.entries[0].0;
+    assert!(*first == entry(&records[0], 0) || *first == entry(&records[1], 1), "{first:?}");
+    assert_eq!(page.entries[5].0, entry(&records[5], 5));
+    assert!(page.next.is_none());
+    store.unindex(&index, &records[3]).await.unwrap();
+    assert_eq!(store.count(&index, Held::Unknown).await.unwrap(), 5);
+    assert_eq!(store.count(&other, Held::Unknown).await.unwrap(), 1, "indexes are per route");
+}
+
 macro_rules! contract {
     ($($scenario:ident),* $(,)?) => {
         mod memory {
@@ -420,6 +586,11 @@ contract!(
     keys_are_independent,
     new_key_budgets_count_within_their_window,
     ping_answers,
+    one_lookup_at_a_time_and_found_completes_the_record,
+    not_found_releases_only_once_it_can_be_trusted,
+    a_failed_lookup_frees_the_key_and_a_dead_ones_lease_passes,
+    an_operator_resolves_unknown_and_executed_records_only,
+    the_index_pages_by_state_and_forgets,
 );
 
 /// The Sentinel set shared by this binary's tests.

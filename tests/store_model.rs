@@ -710,7 +710,7 @@ async fn run_case<S: Store>(
                         executed = head(&responses[r]);
                         Final::NotStored(&executed)
                     }
-                    End::Unknown => Final::Unknown,
+                    End::Unknown => Final::Unknown { trusted_in: Duration::ZERO },
                 };
                 let actual = store.settle(&lease, outcome, RETENTION).await.map_err(|e| store_error(i, &trace, e))?;
                 settled(expected, actual).map_err(|what| fail(i, &trace, what))?;
@@ -753,7 +753,7 @@ async fn run_case<S: Store>(
                             (Outcome::ExecutedEntry { response, .. }, EntryState::Executed { status }) => {
                                 *status == responses[*response].status.as_u16()
                             }
-                            (Outcome::UnknownEntry { .. }, EntryState::Unknown)
+                            (Outcome::UnknownEntry { .. }, EntryState::Unknown { .. })
                             | (Outcome::ReleasedEntry { .. }, EntryState::Released) => true,
                             _ => false,
                         };

@@ -8,8 +8,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 
 use super::{
-    Claim, Entry, Final, Lease, MemoryStore, OwnerToken, QuotaKey, RecordKey, RedisStore, Renewal, Sent, Settled,
-    Store, StoreError, Watch,
+    Claim, Cursor, Entry, Final, Held, IndexEntry, IndexKey, Lease, LookupEnd, LookupEnded, LookupStart, MemoryStore,
+    OwnerToken, Page, QuotaKey, RecordKey, RedisStore, Renewal, Resolved, Sent, Settled, Store, StoreError,
+    StoredResponse, Watch,
 };
 use crate::config::{StoreBackendConfig, StoreConfig};
 use crate::policy::fingerprint::Fingerprint;
@@ -138,6 +139,55 @@ impl Store for Backend {
     }
     async fn purge(&self, key: &RecordKey) -> Result<Option<&'static str>, StoreError> {
         delegate!(self, "purge", s => s.purge(key).await)
+    }
+    async fn resolve(
+        &self,
+        key: &RecordKey,
+        response: &StoredResponse,
+        retention: Duration,
+    ) -> Result<Resolved, StoreError> {
+        delegate!(self, "resolve", s => s.resolve(key, response, retention).await)
+    }
+    async fn begin_lookup(
+        &self,
+        key: &RecordKey,
+        fp: &Fingerprint,
+        token: OwnerToken,
+        lease: Duration,
+    ) -> Result<LookupStart, StoreError> {
+        delegate!(self, "lookup", s => s.begin_lookup(key, fp, token, lease).await)
+    }
+    async fn end_lookup(
+        &self,
+        key: &RecordKey,
+        token: OwnerToken,
+        end: LookupEnd<'_>,
+    ) -> Result<LookupEnded, StoreError> {
+        delegate!(self, "lookup", s => s.end_lookup(key, token, end).await)
+    }
+    async fn index(
+        &self,
+        index: &IndexKey,
+        held: Held,
+        entry: &IndexEntry,
+        expires_in: Duration,
+    ) -> Result<(), StoreError> {
+        delegate!(self, "index", s => s.index(index, held, entry, expires_in).await)
+    }
+    async fn unindex(&self, index: &IndexKey, record: &RecordKey) -> Result<(), StoreError> {
+        delegate!(self, "index", s => s.unindex(index, record).await)
+    }
+    async fn list(
+        &self,
+        index: &IndexKey,
+        held: Held,
+        cursor: Option<Cursor>,
+        limit: usize,
+    ) -> Result<Page, StoreError> {
+        delegate!(self, "index", s => s.list(index, held, cursor, limit).await)
+    }
+    async fn count(&self, index: &IndexKey, held: Held) -> Result<u64, StoreError> {
+        delegate!(self, "index", s => s.count(index, held).await)
     }
     fn watch(&self, key: &RecordKey) -> Watch {
         match &self.engine {

@@ -15,10 +15,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::index::{expiry_score, live_start, unix_ms};
 use super::waiters::Waiters;
 use super::{
-    Claim, Entry, EntryState, Final, Lease, OwnerToken, QuotaKey, RecordKey, Renewal, Sent, Settled, Store, StoreError,
-    StoredResponse, Watch,
+    Claim, Cursor, Entry, EntryState, Final, Held, IndexEntry, IndexKey, Lease, LookupEnd, LookupEnded, LookupStart,
+    OwnerToken, Page, QuotaKey, RecordKey, Renewal, Resolved, Sent, Settled, Store, StoreError, StoredResponse, Watch,
 };
 use crate::policy::fingerprint::Fingerprint;
 
@@ -27,6 +28,8 @@ pub struct MemoryStore {
     inner: Mutex<Inner>,
     /// New-key budgets: count and end of the current window.
     quotas: Mutex<HashMap<QuotaKey, (u64, Instant)>>,
+    /// The indexes of records that need an operator, as Redis keeps them (see `index`).
+    indexes: Mutex<HashMap<IndexKey, Index>>,
     waiters: Arc<Waiters>,
     max_entries: usize,
     max_bytes: u64,
@@ -56,9 +59,31 @@ enum State {
     Completed(StoredResponse),
     /// Ran; only the status and headers are kept.
     Executed(StoredResponse),
-    Unknown,
+    Unknown(Unknown),
     /// A tombstone keeping the attempt count; any request may claim it.
     Released,
+}
+
+/// What an unknown record keeps: when a lookup's "not found" can be trusted, and the lookup
+/// that may be running.
+struct Unknown {
+    trusted_at: Instant,
+    lookup: Option<(OwnerToken, Instant)>,
+}
+
+/// One route's index: entries by (expiry score, record name), and each record's place.
+#[derive(Default)]
+struct Index {
+    order: BTreeMap<(Held, u64, String), IndexEntry>,
+    place: HashMap<String, (Held, u64)>,
+}
+
+impl Index {
+    fn remove(&mut self, record: &str) {
+        if let Some((held, score)) = self.place.remove(record) {
+            self.order.remove(&(held, score, record.to_owned()));
+        }
+    }
 }
 
 impl Slot {
@@ -70,7 +95,7 @@ impl Slot {
             }
             State::Completed(r) => EntryState::Completed { status: r.status.as_u16(), body_len: r.body.len() },
             State::Executed(r) => EntryState::Executed { status: r.status.as_u16() },
-            State::Unknown => EntryState::Unknown,
+            State::Unknown(u) => EntryState::Unknown { lookup: u.lookup.is_some_and(|(_, end)| end > now) },
             State::Released => EntryState::Released,
         }
     }
@@ -78,7 +103,7 @@ impl Slot {
     fn weight(&self) -> u64 {
         match &self.state {
             State::Completed(r) | State::Executed(r) => r.weight() as u64,
-            State::InProgress { .. } | State::Unknown | State::Released => 0,
+            State::InProgress { .. } | State::Unknown(_) | State::Released => 0,
         }
     }
 }
@@ -89,6 +114,7 @@ impl MemoryStore {
         Self {
             inner: Mutex::new(Inner::default()),
             quotas: Mutex::default(),
+            indexes: Mutex::default(),
             waiters: Arc::default(),
             max_entries,
             max_bytes,
@@ -185,7 +211,7 @@ impl Store for MemoryStore {
             Some(slot) if slot.fingerprint != *fingerprint => return Ok(Claim::Mismatch),
             Some(Slot { state: State::Completed(response), .. }) => return Ok(Claim::Completed(response.clone())),
             Some(Slot { state: State::Executed(response), .. }) => return Ok(Claim::NotStored(response.clone())),
-            Some(Slot { state: State::Unknown, attempt, .. }) => return Ok(Claim::Unknown { attempt: *attempt }),
+            Some(Slot { state: State::Unknown(_), attempt, .. }) => return Ok(Claim::Unknown { attempt: *attempt }),
             Some(Slot { state: State::InProgress { deadline, .. }, .. }) if *deadline > now => {
                 return Ok(Claim::InFlight { lease_left: *deadline - now });
             }
@@ -238,7 +264,7 @@ impl Store for MemoryStore {
         let state = match outcome {
             Final::Response(r) => State::Completed(r.compact()),
             Final::NotStored(r) => State::Executed(r.compact()),
-            Final::Unknown => State::Unknown,
+            Final::Unknown { trusted_in } => State::Unknown(Unknown { trusted_at: now + trusted_in, lookup: None }),
         };
         {
             let mut inner = self.lock();
@@ -298,6 +324,154 @@ impl Store for MemoryStore {
             attempt: slot.attempt,
             expires_in: slot.expires.0.saturating_duration_since(now),
         }))
+    }
+
+    async fn resolve(
+        &self,
+        key: &RecordKey,
+        response: &StoredResponse,
+        retention: Duration,
+    ) -> Result<Resolved, StoreError> {
+        let now = Instant::now();
+        let was = {
+            let mut inner = self.lock();
+            let Some(slot) = inner.entries.get_mut(key) else { return Ok(Resolved::Refused { state: None }) };
+            let was = match slot.entry_state(now) {
+                EntryState::Unknown { .. } => "unknown",
+                EntryState::Executed { .. } => "executed",
+                other => return Ok(Resolved::Refused { state: Some(other.name()) }),
+            };
+            let old = slot.weight();
+            slot.state = State::Completed(response.compact());
+            let new = slot.weight();
+            inner.bytes = inner.bytes - old + new;
+            inner.set_expiry(key, now + retention);
+            was
+        };
+        self.waiters.notify(key.as_str());
+        Ok(Resolved::Done { was })
+    }
+
+    async fn begin_lookup(
+        &self,
+        key: &RecordKey,
+        fingerprint: &Fingerprint,
+        token: OwnerToken,
+        lease: Duration,
+    ) -> Result<LookupStart, StoreError> {
+        let now = Instant::now();
+        let mut inner = self.lock();
+        let Some(slot) = inner.entries.get_mut(key).filter(|s| s.fingerprint == *fingerprint) else {
+            return Ok(LookupStart::Moved);
+        };
+        let State::Unknown(unknown) = &mut slot.state else { return Ok(LookupStart::Moved) };
+        if let Some((_, end)) = unknown.lookup.filter(|(_, end)| *end > now) {
+            return Ok(LookupStart::Busy { left: end - now });
+        }
+        unknown.lookup = Some((token, now + lease));
+        Ok(LookupStart::Started { attempt: slot.attempt })
+    }
+
+    async fn end_lookup(
+        &self,
+        key: &RecordKey,
+        token: OwnerToken,
+        end: LookupEnd<'_>,
+    ) -> Result<LookupEnded, StoreError> {
+        let now = Instant::now();
+        let ended = {
+            let mut inner = self.lock();
+            let Some(slot) = inner.entries.get_mut(key) else { return Ok(LookupEnded::Lost) };
+            let State::Unknown(unknown) = &mut slot.state else { return Ok(LookupEnded::Lost) };
+            if !unknown.lookup.is_some_and(|(t, _)| t == token) {
+                return Ok(LookupEnded::Lost);
+            }
+            unknown.lookup = None;
+            match end {
+                LookupEnd::Failed => LookupEnded::Done,
+                LookupEnd::NotFound { .. } if unknown.trusted_at > now => {
+                    LookupEnded::TooEarly { left: unknown.trusted_at - now }
+                }
+                LookupEnd::NotFound { ttl } => {
+                    slot.state = State::Released;
+                    inner.set_expiry(key, now + ttl);
+                    LookupEnded::Done
+                }
+                LookupEnd::Found { response, retention } => {
+                    slot.state = State::Completed(response.compact());
+                    let weight = slot.weight();
+                    inner.bytes += weight;
+                    inner.set_expiry(key, now + retention);
+                    LookupEnded::Done
+                }
+            }
+        };
+        self.waiters.notify(key.as_str());
+        Ok(ended)
+    }
+
+    async fn index(
+        &self,
+        index: &IndexKey,
+        held: Held,
+        entry: &IndexEntry,
+        expires_in: Duration,
+    ) -> Result<(), StoreError> {
+        let mut indexes = self.indexes.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = unix_ms();
+        // Expired entries of every index go first, so that the map holds only live ones.
+        for index in indexes.values_mut() {
+            let expired: Vec<String> =
+                index.place.iter().filter(|(_, (_, score))| *score < now).map(|(r, _)| r.clone()).collect();
+            for record in expired {
+                index.remove(&record);
+            }
+        }
+        indexes.retain(|_, index| !index.place.is_empty());
+        let index = indexes.entry(index.clone()).or_default();
+        index.remove(&entry.record);
+        let score = expiry_score(expires_in);
+        index.place.insert(entry.record.clone(), (held, score));
+        index.order.insert((held, score, entry.record.clone()), entry.clone());
+        Ok(())
+    }
+
+    async fn unindex(&self, index: &IndexKey, record: &RecordKey) -> Result<(), StoreError> {
+        let mut indexes = self.indexes.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(index) = indexes.get_mut(index) {
+            index.remove(record.as_str());
+        }
+        Ok(())
+    }
+
+    async fn list(
+        &self,
+        index: &IndexKey,
+        held: Held,
+        cursor: Option<Cursor>,
+        limit: usize,
+    ) -> Result<Page, StoreError> {
+        let indexes = self.indexes.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(index) = indexes.get(index) else { return Ok(Page::default()) };
+        let start = live_start(cursor);
+        let from = (held, start.score, String::new());
+        let entries: Vec<(IndexEntry, u64)> = index
+            .order
+            .range(from..)
+            .take_while(|((h, _, _), _)| *h == held)
+            .skip(usize::try_from(start.skip).unwrap_or(usize::MAX))
+            .take(limit)
+            .map(|((_, score, _), entry)| (entry.clone(), *score))
+            .collect();
+        let scores: Vec<u64> = entries.iter().map(|(_, s)| *s).collect();
+        let next = if entries.len() < limit { None } else { Cursor::after(Some(start), &scores) };
+        Ok(Page { entries, next })
+    }
+
+    async fn count(&self, index: &IndexKey, held: Held) -> Result<u64, StoreError> {
+        let indexes = self.indexes.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = unix_ms();
+        Ok(indexes.get(index).map_or(0, |i| i.place.values().filter(|(h, s)| *h == held && *s >= now).count() as u64))
     }
 
     async fn purge(&self, key: &RecordKey) -> Result<Option<&'static str>, StoreError> {
@@ -386,7 +560,7 @@ mod tests {
     async fn unknown_outcomes_are_never_evicted() {
         let store = MemoryStore::new(1, u64::MAX);
         let Claim::Acquired(lease) = claim(&store, 1, LEASE, TTL).await.unwrap() else { panic!("not acquired") };
-        store.settle(&lease, Final::Unknown, TTL).await.unwrap();
+        store.settle(&lease, Final::Unknown { trusted_in: Duration::ZERO }, TTL).await.unwrap();
         assert!(matches!(claim(&store, 2, LEASE, TTL).await, Err(StoreError::Full)));
         assert!(matches!(claim(&store, 1, LEASE, TTL).await.unwrap(), Claim::Unknown { attempt: 1 }));
     }

@@ -17,6 +17,7 @@
 //! The configured one is a [`Backend`], which also times every call.
 
 mod backend;
+mod index;
 mod memory;
 mod record;
 mod redis;
@@ -29,6 +30,7 @@ use sha2::{Digest, Sha256};
 use thiserror::Error;
 
 pub use self::backend::{Backend, CallLabel, Engine};
+pub use self::index::{Cursor, Held, IndexEntry, IndexKey, Page, unix_ms};
 pub use self::memory::MemoryStore;
 pub use self::record::{RecordError, StoredResponse};
 pub use self::redis::RedisStore;
@@ -188,8 +190,14 @@ pub enum Final<'a> {
     /// The record's state is `executed`.
     NotStored(&'a StoredResponse),
     /// The request was sent and no complete answer came back: nobody knows whether the
-    /// upstream acted on it. Retries are refused until an operator purges the key.
-    Unknown,
+    /// upstream acted on it. Retries are refused until a lookup (see `reconcile`) or an
+    /// operator settles the key.
+    Unknown {
+        /// How long from now until a lookup's "not found" can be trusted: zero when the
+        /// upstream closed the connection itself, else until the upstream's timeout plus
+        /// `release_after` have passed since the request was sent (it may still be running).
+        trusted_in: Duration,
+    },
 }
 
 /// The result of claiming a key.
@@ -212,6 +220,75 @@ pub enum Claim {
     InFlight { lease_left: Duration },
     /// The key was used with a different fingerprint.
     Mismatch,
+}
+
+/// What starting a lookup of an unknown record found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LookupStart {
+    /// The lookup is this caller's; `attempt` executions may have reached the upstream.
+    Started {
+        /// Executions that may have reached the upstream.
+        attempt: u32,
+    },
+    /// Another lookup holds the key for `left` more at most; its end wakes a [`Watch`].
+    Busy {
+        /// Time left on that lookup's lease.
+        left: Duration,
+    },
+    /// The record is no longer unknown (or is another request's): claim it again to see.
+    Moved,
+}
+
+/// What a lookup learned, to be written to its record.
+#[derive(Debug, Clone, Copy)]
+pub enum LookupEnd<'a> {
+    /// The upstream has the request's answer: the record becomes completed with it, kept for
+    /// `retention`.
+    Found {
+        /// The answer to replay.
+        response: &'a StoredResponse,
+        /// How long it is replayed.
+        retention: Duration,
+    },
+    /// The upstream says the request never ran: released (as the next attempt) if that can
+    /// be trusted by now, with a tombstone kept for `ttl`.
+    NotFound {
+        /// How long the released tombstone is kept.
+        ttl: Duration,
+    },
+    /// No usable answer: the record stays unknown, free for the next lookup.
+    Failed,
+}
+
+/// The result of ending a lookup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LookupEnded {
+    /// The record was written.
+    Done,
+    /// "Not found" cannot be trusted for `left` more (the upstream may still be running the
+    /// request); the record stays unknown, free for the next lookup.
+    TooEarly {
+        /// Time until it can be trusted.
+        left: Duration,
+    },
+    /// The lookup was no longer this caller's (an operator settled the key, or its lease
+    /// passed and another lookup took over); nothing was written.
+    Lost,
+}
+
+/// The result of an operator's resolve.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resolved {
+    /// Completed with the operator's answer; the state it had.
+    Done {
+        /// `unknown` or `executed`.
+        was: &'static str,
+    },
+    /// Nothing changed: the record is in another state, or absent (`None`).
+    Refused {
+        /// Its state.
+        state: Option<&'static str>,
+    },
 }
 
 /// The result of renewing a lease.
@@ -264,7 +341,10 @@ pub enum EntryState {
         status: u16,
     },
     /// The request's outcome is unknown; retries are refused.
-    Unknown,
+    Unknown {
+        /// A lookup of the key is running.
+        lookup: bool,
+    },
     /// Released: the next request runs, as the next attempt.
     Released,
 }
@@ -276,7 +356,7 @@ impl EntryState {
             Self::InProgress { .. } => "in_progress",
             Self::Completed { .. } => "completed",
             Self::Executed { .. } => "executed",
-            Self::Unknown => "unknown",
+            Self::Unknown { .. } => "unknown",
             Self::Released => "released",
         }
     }
@@ -342,6 +422,61 @@ pub trait Store: Send + Sync {
 
     /// What the store holds for `key`.
     fn get(&self, key: &RecordKey) -> impl Future<Output = Result<Option<Entry>, StoreError>> + Send;
+
+    /// Sets a record in `unknown` or `executed` to `completed` with an operator's answer, kept
+    /// for `retention`; any other state is left alone (`Resolved::Refused`).
+    fn resolve(
+        &self,
+        key: &RecordKey,
+        response: &StoredResponse,
+        retention: Duration,
+    ) -> impl Future<Output = Result<Resolved, StoreError>> + Send;
+
+    /// Starts a lookup of an `unknown` record under the caller's fresh `token`, held for
+    /// `lease`: at most one lookup per key runs at a time, across all gateways. A record that
+    /// is no longer unknown, or was made by another request, is reported, not touched.
+    fn begin_lookup(
+        &self,
+        key: &RecordKey,
+        fingerprint: &Fingerprint,
+        token: OwnerToken,
+        lease: Duration,
+    ) -> impl Future<Output = Result<LookupStart, StoreError>> + Send;
+
+    /// Ends the lookup `token` holds on `key` with what the upstream said (a compare-and-set:
+    /// nothing changes unless the record is still unknown and the lookup still ours).
+    fn end_lookup(
+        &self,
+        key: &RecordKey,
+        token: OwnerToken,
+        end: LookupEnd<'_>,
+    ) -> impl Future<Output = Result<LookupEnded, StoreError>> + Send;
+
+    /// Adds `entry` to the index of records that need an operator, in `held`, until
+    /// `expires_in` from now. Best effort: the index may live on another node than the record.
+    fn index(
+        &self,
+        index: &IndexKey,
+        held: Held,
+        entry: &IndexEntry,
+        expires_in: Duration,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// Takes `record` out of the index (it no longer needs an operator).
+    fn unindex(&self, index: &IndexKey, record: &RecordKey) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// One page of the index in `held`, oldest first, from `cursor`: the entries as indexed
+    /// (the caller checks each against its record) and where the next page starts.
+    fn list(
+        &self,
+        index: &IndexKey,
+        held: Held,
+        cursor: Option<Cursor>,
+        limit: usize,
+    ) -> impl Future<Output = Result<Page, StoreError>> + Send;
+
+    /// How many entries the index holds in `held` (not yet expired).
+    fn count(&self, index: &IndexKey, held: Held) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
     /// Releases `key` whatever holds it, keeping its attempt count (an operator's purge).
     /// Returns the state it released, `None` when there was nothing to release.

@@ -9,7 +9,10 @@
 //! | 13..=25 | lease mark, 13 decimal digits: the record's PTTL at which the lease ends (`p` only) |
 //! | 26..=57 | request fingerprint (zeros in a released tombstone) |
 //! | 58..=73 | owner token (`p` only; zeros otherwise) |
-//! | 74.. | the stored response (`c`: whole; `x`: status and headers) |
+//! | 74.. | the stored response (`c`: whole; `x`: status and headers); `u`: when it became unknown and when "not found" can be trusted (see `lua/lookup.lua`) |
+//!
+//! An unknown record (`u`) uses the lease mark and the owner for the lookup that may be
+//! running on it (zeros when none is).
 //!
 //! The lease lives while PTTL > mark, so lease and record share Redis's own expiry clock and
 //! no field holds a wall-clock time: a gateway's clock never matters, and the native claim can
@@ -90,6 +93,12 @@ pub(super) fn claim(
     value.extend_from_slice(fingerprint.as_bytes());
     value.extend_from_slice(owner.as_bytes());
     value
+}
+
+/// What an unknown record keeps after its header: its PTTL when it was settled (`retention`)
+/// and how long after that a lookup's "not found" can be trusted.
+pub(super) fn unknown_tail(retention_ms: u64, trusted_in_ms: u64) -> String {
+    format!("{retention_ms:013}{trusted_in_ms:013}")
 }
 
 #[cfg(test)]

@@ -44,10 +44,11 @@ use self::round_trip::{Reply, Request, protocol};
 use self::scripts::{Lua, Scripts, load_scripts};
 use self::sentinel::Follower;
 
+use super::index::unix_ms;
 use super::waiters::Waiters;
 use super::{
-    Claim, Entry, EntryState, Final, Lease, OwnerToken, QuotaKey, RecordKey, Renewal, Sent, Settled, Store, StoreError,
-    StoredResponse, Watch,
+    Claim, Cursor, Entry, EntryState, Final, Held, IndexEntry, IndexKey, Lease, LookupEnd, LookupEnded, LookupStart,
+    OwnerToken, Page, QuotaKey, RecordKey, Renewal, Resolved, Sent, Settled, Store, StoreError, StoredResponse, Watch,
 };
 use crate::config::{RedisTarget as Target, RedisTls};
 use crate::policy::fingerprint::Fingerprint;
@@ -228,13 +229,28 @@ impl RedisStore {
     /// Calls `script` on the one key `key` (a record, or a quota counter); `args` appends its
     /// ARGV.
     async fn eval(&self, lua: &Lua, key: &str, args: impl Fn(&mut Cmd) + Sync) -> Result<Value, StoreError> {
+        self.eval_keys(lua, &[key], args).await
+    }
+
+    /// Calls `script` on `keys` (all in one hash slot); `args` appends its ARGV.
+    async fn eval_keys(&self, lua: &Lua, keys: &[&str], args: impl Fn(&mut Cmd) + Sync) -> Result<Value, StoreError> {
         let call = |verb: &str, script: &str| {
             let mut cmd = redis::cmd(verb);
-            cmd.arg(script).arg(1).arg(key);
+            cmd.arg(script).arg(keys.len());
+            for key in keys {
+                cmd.arg(*key);
+            }
             args(&mut cmd);
             cmd
         };
         self.query(call("EVALSHA", lua.script.get_hash()), Some(&|| call("EVAL", lua.code).into())).await
+    }
+
+    /// Calls the index script on `index`'s keys.
+    async fn eval_index(&self, index: &IndexKey, args: impl Fn(&mut Cmd) + Sync) -> Result<Value, StoreError> {
+        let keys = [index.set(Held::Unknown), index.set(Held::Executed), index.data()];
+        let keys = [keys[0].as_str(), keys[1].as_str(), keys[2].as_str()];
+        self.eval_keys(&self.scripts.index, &keys, args).await
     }
 
     /// Settles a claim whose response is large, without copying the response inside Redis.
@@ -361,7 +377,16 @@ impl Store for RedisStore {
         let (state, response) = match outcome {
             Final::Response(r) => ("c", Some(r)),
             Final::NotStored(r) => ("x", Some(r)),
-            Final::Unknown => ("u", None),
+            Final::Unknown { trusted_in } => {
+                let tail =
+                    layout::unknown_tail(ms(retention), u64::try_from(trusted_in.as_millis()).unwrap_or(u64::MAX));
+                let reply = self
+                    .eval(&self.scripts.settle, lease.key.as_str(), |cmd| {
+                        cmd.arg(&lease.owner.as_bytes()[..]).arg("u").arg(&tail).arg(ms(retention)).arg(&self.channel);
+                    })
+                    .await?;
+                return settled(Reply::integer(reply)?);
+            }
         };
         if let Some(large) = response.filter(|r| r.body.len() >= ASIDE_FROM) {
             match self.settle_aside(lease, state, large, retention).await {
@@ -421,11 +446,143 @@ impl Store for RedisStore {
                 EntryState::Completed { status: r.status.as_u16(), body_len: r.body.len() }
             }
             b"x" => EntryState::Executed { status: items.response()?.status.as_u16() },
-            b"u" => EntryState::Unknown,
+            b"u" => EntryState::Unknown { lookup: !lease_left.is_zero() },
             b"r" => EntryState::Released,
             _ => return Err(protocol("unknown record state")),
         };
         Ok(Some(Entry { state, attempt, expires_in }))
+    }
+
+    async fn resolve(
+        &self,
+        key: &RecordKey,
+        response: &StoredResponse,
+        retention: Duration,
+    ) -> Result<Resolved, StoreError> {
+        let reply = self.eval(&self.scripts.resolve, key.as_str(), |cmd| {
+            cmd.arg(Encoded(response)).arg(ms(retention)).arg(&self.channel);
+        });
+        let mut items = Reply::array(reply.await?)?;
+        let done = items.int()? == 1;
+        let state = state_name(&items.tag()?)?;
+        Ok(match (done, state) {
+            (true, Some(was)) => Resolved::Done { was },
+            (_, state) => Resolved::Refused { state },
+        })
+    }
+
+    async fn begin_lookup(
+        &self,
+        key: &RecordKey,
+        fingerprint: &Fingerprint,
+        token: OwnerToken,
+        lease: Duration,
+    ) -> Result<LookupStart, StoreError> {
+        let reply = self.eval(&self.scripts.lookup, key.as_str(), |cmd| {
+            cmd.arg("begin").arg(&fingerprint.as_bytes()[..]).arg(&token.as_bytes()[..]).arg(ms(lease));
+        });
+        let mut items = Reply::array(reply.await?)?;
+        match items.tag()?.as_slice() {
+            b"started" => Ok(LookupStart::Started { attempt: items.attempt()? }),
+            b"busy" => Ok(LookupStart::Busy { left: Duration::from_millis(items.int()?.max(0) as u64) }),
+            b"moved" => Ok(LookupStart::Moved),
+            other => Err(protocol(&format!("unknown lookup reply {:?}", String::from_utf8_lossy(other)))),
+        }
+    }
+
+    async fn end_lookup(
+        &self,
+        key: &RecordKey,
+        token: OwnerToken,
+        end: LookupEnd<'_>,
+    ) -> Result<LookupEnded, StoreError> {
+        let token = &token.as_bytes()[..];
+        let reply = self.eval(&self.scripts.lookup, key.as_str(), |cmd| {
+            match end {
+                LookupEnd::Found { response, retention } => {
+                    cmd.arg("found").arg(token).arg(Encoded(response)).arg(ms(retention))
+                }
+                LookupEnd::NotFound { ttl } => cmd.arg("absent").arg(token).arg(ms(ttl)),
+                LookupEnd::Failed => cmd.arg("failed").arg(token),
+            };
+            cmd.arg(&self.channel);
+        });
+        let mut items = Reply::array(reply.await?)?;
+        match items.tag()?.as_slice() {
+            b"done" => Ok(LookupEnded::Done),
+            b"early" => Ok(LookupEnded::TooEarly { left: Duration::from_millis(items.int()?.max(1) as u64) }),
+            b"lost" => Ok(LookupEnded::Lost),
+            other => Err(protocol(&format!("unknown lookup reply {:?}", String::from_utf8_lossy(other)))),
+        }
+    }
+
+    async fn index(
+        &self,
+        index: &IndexKey,
+        held: Held,
+        entry: &IndexEntry,
+        expires_in: Duration,
+    ) -> Result<(), StoreError> {
+        let score = super::index::expiry_score(expires_in);
+        let description = entry.encode();
+        self.eval_index(index, |cmd| {
+            cmd.arg("add").arg(held.letter()).arg(&entry.record).arg(score).arg(&description).arg(unix_ms());
+        })
+        .await?;
+        Ok(())
+    }
+
+    async fn unindex(&self, index: &IndexKey, record: &RecordKey) -> Result<(), StoreError> {
+        self.eval_index(index, |cmd| {
+            cmd.arg("remove").arg(record.as_str());
+        })
+        .await?;
+        Ok(())
+    }
+
+    async fn list(
+        &self,
+        index: &IndexKey,
+        held: Held,
+        cursor: Option<Cursor>,
+        limit: usize,
+    ) -> Result<Page, StoreError> {
+        let start = super::index::live_start(cursor);
+        let reply = self.eval_index(index, |cmd| {
+            cmd.arg("list").arg(held.letter()).arg(start.score).arg(start.skip).arg(limit);
+        });
+        let items = match reply.await? {
+            Value::Array(items) => items,
+            Value::Nil => Vec::new(),
+            other => return Err(protocol(&format!("index list reply {other:?}"))),
+        };
+        let mut found = Vec::new();
+        let mut scores = Vec::new();
+        for triple in items.chunks(3) {
+            let [name, score, description] = triple else { return Err(protocol("index list reply cut short")) };
+            let score = bulk(score)
+                .and_then(|s| std::str::from_utf8(s).ok()?.parse::<f64>().ok())
+                .ok_or_else(|| protocol("index score is not a number"))? as u64;
+            scores.push(score);
+            match bulk(description).and_then(IndexEntry::decode) {
+                Some(entry) => found.push((entry, score)),
+                // No description (written half, or by another version): named, nothing else.
+                None => {
+                    let name =
+                        bulk(name).and_then(|n| std::str::from_utf8(n).ok()).ok_or_else(|| protocol("index name"))?;
+                    found.push((IndexEntry::unnamed(name.to_owned()), score));
+                }
+            }
+        }
+        let next = if scores.len() < limit { None } else { Cursor::after(Some(start), &scores) };
+        Ok(Page { entries: found, next })
+    }
+
+    async fn count(&self, index: &IndexKey, held: Held) -> Result<u64, StoreError> {
+        let reply = self.eval_index(index, |cmd| {
+            cmd.arg("count").arg(held.letter()).arg(unix_ms());
+        });
+        u64::try_from(Reply::integer(reply.await?)?).map_err(|_| protocol("index count out of range"))
     }
 
     async fn purge(&self, key: &RecordKey) -> Result<Option<&'static str>, StoreError> {
@@ -433,14 +590,10 @@ impl Store for RedisStore {
             cmd.arg(&self.channel);
         });
         let mut items = Reply(vec![reply.await?].into_iter());
-        Ok(match items.tag()?.as_slice() {
-            b"" => None,
-            b"p" => Some("in_progress"),
-            b"c" => Some("completed"),
-            b"x" => Some("executed"),
-            b"u" => Some("unknown"),
-            other => return Err(protocol(&format!("unknown purge reply {:?}", String::from_utf8_lossy(other)))),
-        })
+        match state_name(&items.tag()?)? {
+            Some("released") => Err(protocol("purge reply: released")),
+            state => Ok(state),
+        }
     }
 
     fn watch(&self, key: &RecordKey) -> Watch {
@@ -501,6 +654,28 @@ impl ToRedisArgs for Encoded<'_> {
 
 fn decode(response: Bytes) -> Result<StoredResponse, StoreError> {
     StoredResponse::decode(response).map_err(|e| protocol(&e.to_string()))
+}
+
+/// The bytes of a bulk string reply.
+fn bulk(value: &Value) -> Option<&[u8]> {
+    match value {
+        Value::BulkString(b) => Some(b),
+        Value::SimpleString(s) => Some(s.as_bytes()),
+        _ => None,
+    }
+}
+
+/// A state letter as the admin API names it; `None` for an absent record ("").
+fn state_name(letter: &[u8]) -> Result<Option<&'static str>, StoreError> {
+    Ok(Some(match letter {
+        b"" => return Ok(None),
+        b"p" => "in_progress",
+        b"c" => "completed",
+        b"x" => "executed",
+        b"u" => "unknown",
+        b"r" => "released",
+        other => return Err(protocol(&format!("unknown record state {:?}", String::from_utf8_lossy(other)))),
+    }))
 }
 
 fn settled(n: i64) -> Result<Settled, StoreError> {

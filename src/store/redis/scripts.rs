@@ -33,11 +33,25 @@ pub(super) struct Scripts {
     pub purge: Lua,
     pub inspect: Lua,
     pub quota: Lua,
+    pub lookup: Lua,
+    pub resolve: Lua,
+    pub index: Lua,
 }
 
 impl Scripts {
-    fn all(&self) -> [&Lua; 7] {
-        [&self.claim, &self.renew, &self.settle, &self.release, &self.purge, &self.inspect, &self.quota]
+    fn all(&self) -> [&Lua; 10] {
+        [
+            &self.claim,
+            &self.renew,
+            &self.settle,
+            &self.release,
+            &self.purge,
+            &self.inspect,
+            &self.quota,
+            &self.lookup,
+            &self.resolve,
+            &self.index,
+        ]
     }
 
     pub fn new() -> Self {
@@ -56,6 +70,9 @@ impl Scripts {
             purge: on_records!("lua/purge.lua"),
             inspect: on_records!("lua/inspect.lua"),
             quota: Lua::new(include_str!("lua/quota.lua")),
+            lookup: on_records!("lua/lookup.lua"),
+            resolve: on_records!("lua/resolve.lua"),
+            index: Lua::new(include_str!("lua/index.lua")),
         }
     }
 }

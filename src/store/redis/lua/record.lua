@@ -10,7 +10,8 @@
 -- count; any request may claim it). The lease mark is the record's time to live
 -- (PTTL) at which the lease ends: the lease is live while PTTL > mark, so times are Redis's
 -- own expiry clock, never a gateway's. The flag is "1" when a duplicate waits, so that the
--- owner's settle or release publishes.
+-- owner's settle or release publishes. An unknown record uses the lease mark and the owner for
+-- a lookup (see lookup.lua), and keeps after its header when a "not found" can be trusted.
 
 -- Positions (1-based, inclusive, as string.sub takes them). Plain numbers, not accessor
 -- functions: a script's chunk runs on every call, and each function it defines is a closure
