@@ -40,3 +40,10 @@ pub const ATTEMPT_HEADER: &str = "idempotency-attempt";
 pub const MAX_REQUEST_BODY: u64 = 1 << 20;
 pub const MAX_STORED_BODY: u64 = 1 << 20;
 pub const REPLAY_HEADER: &str = "idempotent-replay";
+
+/// `[routes.idempotency.reconcile]`: the lookup's method, its answers, and its timing.
+pub const RECONCILE_METHOD: &str = "GET";
+pub const RECONCILE_FOUND: &[&str] = &["2xx"];
+pub const RECONCILE_NOT_FOUND: &[&str] = &["404"];
+pub const RECONCILE_AFTER: Duration = Duration::from_secs(1);
+pub const RECONCILE_RELEASE_AFTER: Duration = Duration::from_secs(5);

@@ -184,6 +184,27 @@ pub struct IdempotencySection {
     pub attempt_header: Option<String>,
     /// New keys allowed per caller: `"100/s"`, `"6000/m"`, `"50/10s"`; no limit when absent.
     pub max_new_keys: Option<String>,
+    /// Ask the upstream what became of a request whose outcome is unknown.
+    pub reconcile: Option<ReconcileSection>,
+}
+
+/// `[routes.idempotency.reconcile]`
+#[derive(Debug, Default, Deserialize)]
+pub struct ReconcileSection {
+    /// The lookup's path, with `{key}` where the key goes (path or query).
+    pub path: Option<String>,
+    /// The lookup's method.
+    pub method: Option<String>,
+    /// Statuses whose answer is the request's answer.
+    pub found: Option<Vec<StatusEntry>>,
+    /// Statuses that say the request never ran.
+    pub not_found: Option<Vec<StatusEntry>>,
+    /// Ask by itself this long after an unknown outcome; `"off"`: only when a retry meets it.
+    pub after: Option<String>,
+    /// How long past the upstream's timeout "not found" becomes proof.
+    pub release_after: Option<HumanDuration>,
+    /// Replay a found answer with this status instead of the lookup's.
+    pub answer_status: Option<i64>,
 }
 
 /// A value written as one string or as a list of strings.

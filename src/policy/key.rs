@@ -42,6 +42,29 @@ impl IdempotencyKey {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The key as a header carries it: bare when it is a token, else an sf-string (quoted,
+    /// `"` and `\` escaped). Reading it back gives the same key; operators pass it to `key=`.
+    pub fn header_form(&self) -> String {
+        if parse_bare(self.0.as_bytes()).is_ok() && !self.0.is_empty() {
+            return self.0.clone();
+        }
+        let mut out = String::with_capacity(self.0.len() + 2);
+        out.push('"');
+        for c in self.0.chars() {
+            if c == '"' || c == '\\' {
+                out.push('\\');
+            }
+            out.push(c);
+        }
+        out.push('"');
+        out
+    }
+
+    /// Moves the key out, leaving an empty one (no allocation either way).
+    pub fn take(&mut self) -> Self {
+        Self(std::mem::take(&mut self.0))
+    }
 }
 
 // Keys are client secrets of a sort (they may embed user ids); never print them in full.
@@ -129,6 +152,17 @@ mod tests {
     use http::HeaderValue;
 
     const H: HeaderName = HeaderName::from_static("idempotency-key");
+
+    #[test]
+    fn the_header_form_reads_back_as_the_same_key() {
+        for raw in [&b"plain-key"[..], b"\"with space\"", b"\"q\\\"uote\\\\\"", b"\"a/b?c=d#e\"", b"uuid:1/2"] {
+            let key =
+                extract(&HeaderMap::from_iter([(H, HeaderValue::from_bytes(raw).unwrap())]), &H, 255).unwrap().unwrap();
+            let form = HeaderValue::from_str(&key.header_form()).unwrap();
+            let again = extract(&HeaderMap::from_iter([(H, form)]), &H, 255).unwrap().unwrap();
+            assert_eq!(again, key, "{:?}", String::from_utf8_lossy(raw));
+        }
+    }
 
     fn read(values: &[&[u8]], max: usize) -> Result<Option<String>, KeyError> {
         let mut h = HeaderMap::new();

@@ -12,6 +12,7 @@
 
 pub mod fingerprint;
 pub mod key;
+pub mod reconcile;
 pub mod scope;
 
 use std::time::Duration;
@@ -20,6 +21,7 @@ use http::{HeaderMap, HeaderName, StatusCode};
 
 use self::fingerprint::FingerprintSpec;
 use self::key::{IdempotencyKey, KeyError};
+use self::reconcile::Reconcile;
 use self::scope::{MissingScope, Scope, ScopeMissing, ScopeSource};
 use crate::headers::StoredHeaders;
 
@@ -64,6 +66,8 @@ pub struct IdempotencyPolicy {
     pub attempt_header: Option<HeaderName>,
     /// At most this many new keys per caller per window (`max_new_keys`), if set.
     pub max_new_keys: Option<Quota>,
+    /// How an unknown outcome is asked of the upstream (`[routes.idempotency.reconcile]`).
+    pub reconcile: Option<Reconcile>,
 }
 
 /// A budget of new keys: `count` per `window` (`"100/s"`, `"6000/m"`, `"50/10s"`).
@@ -107,6 +111,14 @@ pub enum UnknownOutcomePolicy {
 }
 
 impl UnknownOutcomePolicy {
+    /// The state a key is left in: unknown when held, nothing to attend to when released.
+    pub fn holds(self) -> Option<crate::store::Held> {
+        match self {
+            Self::Hold => Some(crate::store::Held::Unknown),
+            Self::Release => None,
+        }
+    }
+
     /// Parses `"hold"` or `"release"`.
     pub fn parse(text: &str) -> Result<Self, String> {
         match text {
@@ -215,13 +227,13 @@ impl StatusSet {
         if errors.is_empty() { Ok(set) } else { Err(errors) }
     }
 
-    fn contains_code(&self, code: u16) -> bool {
-        StatusCode::from_u16(code).is_ok_and(|s| self.contains(s))
-    }
-
     /// Whether `status` is in the set.
     pub fn contains(&self, status: StatusCode) -> bool {
-        let code = status.as_u16();
+        self.contains_code(status.as_u16())
+    }
+
+    /// Whether the set holds `code`.
+    pub fn contains_code(&self, code: u16) -> bool {
         if !(100..600).contains(&code) {
             return false;
         }

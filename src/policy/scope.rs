@@ -187,6 +187,39 @@ pub fn derive(scope: &ScopeSource, missing: MissingScope, headers: &HeaderMap) -
     Ok(Scope(hasher.finalize().into()))
 }
 
+/// Copies the request's scope sources, as it sent them, into `to`: each named header, and the
+/// named cookies as one `Cookie: NAME=value; ...` (no other cookie). Nothing for `global`.
+/// For a request the gateway makes on the caller's behalf (a lookup), so that the upstream
+/// sees the same caller.
+pub fn copy_sources(scope: &ScopeSource, from: &HeaderMap, to: &mut HeaderMap) {
+    let mut cookies: Vec<u8> = Vec::new();
+    for source in scope.sources() {
+        match source {
+            Source::Header(name) => {
+                for value in from.get_all(name) {
+                    to.append(name.clone(), value.clone());
+                }
+            }
+            Source::Cookie(wanted) => {
+                for value in values_of(source, from) {
+                    if !cookies.is_empty() {
+                        cookies.extend_from_slice(b"; ");
+                    }
+                    cookies.extend_from_slice(wanted.as_bytes());
+                    cookies.push(b'=');
+                    cookies.extend_from_slice(&value);
+                }
+            }
+        }
+    }
+    // Values read from a valid header, joined with "; ": a valid header again.
+    if let Ok(value) = http::HeaderValue::from_bytes(&cookies)
+        && !cookies.is_empty()
+    {
+        to.insert(header::COOKIE, value);
+    }
+}
+
 /// The normalised values of one source; empty when the request does not carry it (an empty
 /// or blank value counts as not carried).
 fn values_of(source: &Source, headers: &HeaderMap) -> Vec<Vec<u8>> {

@@ -113,6 +113,23 @@ pub(super) fn warnings(config: &Config) -> Vec<Issue> {
                 ),
             );
         }
+        match &policy.reconcile {
+            None if policy.on_unknown_outcome == crate::policy::UnknownOutcomePolicy::Hold => out.add(
+                format!("routes[{i}].idempotency"),
+                "holds unknown outcomes without [routes.idempotency.reconcile]: a key whose answer was lost \
+                 answers 502 outcome-unknown until it expires or an operator settles it; add a lookup the \
+                 upstream answers",
+            ),
+            Some(reconcile) if reconcile.path.key_in_path() => out.add(
+                format!("routes[{i}].idempotency.reconcile.path"),
+                format!(
+                    "{:?} puts {{key}} in the path: an upstream behind a proxy that decodes %2F or %2E could \
+                     be misled by a hostile key; prefer the key header (always sent) or the query",
+                    reconcile.path.to_string()
+                ),
+            ),
+            _ => {}
+        }
         if policy.lease < config.store.timeout * 3 {
             out.add(
                 &key,

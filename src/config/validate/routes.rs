@@ -8,10 +8,11 @@ use http::{HeaderName, Method, Uri};
 
 use super::{Issues, body_limit, header_name, positive_duration};
 use crate::config::defaults;
-use crate::config::file::{self, File, IdempotencySection, OneOrMany, StatusEntry};
+use crate::config::file::{self, File, IdempotencySection, OneOrMany, ReconcileSection, StatusEntry};
 use crate::config::{RouteConfig, UpstreamConfig};
 use crate::headers::{self, StoredHeaders};
 use crate::policy::fingerprint::{FingerprintSpec, JsonPointer};
+use crate::policy::reconcile::{LookupPath, Reconcile};
 use crate::policy::scope::{MissingScope, ScopeSource};
 use crate::policy::{IdempotencyPolicy, Quota, StatusSet, StoreFailurePolicy, UnknownOutcomePolicy};
 use crate::router::{RouteSpec, Router, RouterError};
@@ -147,7 +148,8 @@ fn policy(key: &str, s: &IdempotencySection, issues: &mut Issues) -> Option<Idem
     }
     let wait = s.wait.map_or(defaults::WAIT, |d| d.0);
     let retention = positive_duration(issues, &format!("{key}.retention"), s.retention, defaults::RETENTION);
-    let store_statuses = statuses(&format!("{key}.store_statuses"), s.store_statuses.as_deref(), issues);
+    let store_statuses =
+        statuses(&format!("{key}.store_statuses"), s.store_statuses.as_deref(), defaults::STORE_STATUSES, issues);
     let max_request_body =
         body_limit(issues, &format!("{key}.max_request_body"), s.max_request_body, defaults::MAX_REQUEST_BODY);
     let max_stored_body =
@@ -175,6 +177,16 @@ fn policy(key: &str, s: &IdempotencySection, issues: &mut Issues) -> Option<Idem
         &format!("{key}.replay_header"),
         s.replay_header.as_deref().unwrap_or(defaults::REPLAY_HEADER),
     );
+    let reconcile = match &s.reconcile {
+        None => Some(None),
+        Some(r) => reconcile(&format!("{key}.reconcile"), r, issues).map(Some),
+    };
+    if let (Some(Some(_)), Some(UnknownOutcomePolicy::Release)) = (&reconcile, on_unknown_outcome) {
+        issues.add(
+            format!("{key}.reconcile"),
+            "on_unknown_outcome = \"release\" leaves no unknown outcome to reconcile; use \"hold\" or remove this table",
+        );
+    }
     Some(IdempotencyPolicy {
         required: s.required.unwrap_or(true),
         header: header?,
@@ -195,12 +207,64 @@ fn policy(key: &str, s: &IdempotencySection, issues: &mut Issues) -> Option<Idem
         stored_headers: StoredHeaders { allow: replay_headers, exclude: exclude_headers },
         on_store_error: on_store_error?,
         replay_header: replay_header?,
+        reconcile: reconcile?,
     })
 }
 
-fn statuses(key: &str, entries: Option<&[StatusEntry]>, issues: &mut Issues) -> Option<StatusSet> {
+fn reconcile(key: &str, s: &ReconcileSection, issues: &mut Issues) -> Option<Reconcile> {
+    let path = match &s.path {
+        Some(path) => issues.check(&format!("{key}.path"), LookupPath::parse(path)),
+        None => {
+            issues.add(format!("{key}.path"), "is required: where the upstream answers what became of a key");
+            None
+        }
+    };
+    let method_name = s.method.as_deref().unwrap_or(defaults::RECONCILE_METHOD);
+    let method = methods(&format!("{key}.method"), &[method_name.to_owned()], issues).pop();
+    let found = statuses(&format!("{key}.found"), s.found.as_deref(), defaults::RECONCILE_FOUND, issues);
+    let not_found =
+        statuses(&format!("{key}.not_found"), s.not_found.as_deref(), defaults::RECONCILE_NOT_FOUND, issues);
+    if let (Some(found), Some(not_found)) = (&found, &not_found)
+        && let Some(both) = (100..600).find(|&c| found.contains_code(c) && not_found.contains_code(c))
+    {
+        issues.add(format!("{key}.not_found"), format!("{both} is in found too: an answer cannot be both"));
+    }
+    let after = match s.after.as_deref() {
+        None => Some(Some(defaults::RECONCILE_AFTER)),
+        Some("off") => Some(None),
+        Some(text) => match humantime::parse_duration(text) {
+            Ok(d) => Some(Some(d)),
+            Err(_) => {
+                issues.add(format!("{key}.after"), format!("{text:?} is neither a duration like \"1s\" nor \"off\""));
+                None
+            }
+        },
+    };
+    let release_after = s.release_after.map_or(defaults::RECONCILE_RELEASE_AFTER, |d| d.0);
+    let answer_status = match s.answer_status {
+        None => Some(None),
+        Some(code) => match u16::try_from(code).ok().filter(|c| (200..600).contains(c)) {
+            Some(code) => http::StatusCode::from_u16(code).ok().map(Some),
+            None => {
+                issues.add(format!("{key}.answer_status"), format!("{code} is not a status between 200 and 599"));
+                None
+            }
+        },
+    };
+    Some(Reconcile {
+        path: path?,
+        method: method?,
+        found: found?,
+        not_found: not_found?,
+        after: after?,
+        release_after,
+        answer_status: answer_status?,
+    })
+}
+
+fn statuses(key: &str, entries: Option<&[StatusEntry]>, default: &[&str], issues: &mut Issues) -> Option<StatusSet> {
     let texts: Vec<String> = match entries {
-        None => defaults::STORE_STATUSES.iter().map(|s| (*s).to_owned()).collect(),
+        None => default.iter().map(|s| (*s).to_owned()).collect(),
         Some(entries) => entries
             .iter()
             .map(|entry| match entry {
