@@ -12,7 +12,11 @@
 //! GET    /routes                                  the routing table with policies, JSON (token)
 //! POST   /reload                                  re-read the config file (token)
 //! GET    /keys?route=R&key=K[&scope_hash=H]   the record of key K (JSON)
+//! PUT    /keys?route=R&key=K[&scope_hash=H]   complete an unknown or executed record with
+//!                                             the answer in the body (JSON)
 //! DELETE /keys?route=R&key=K[&scope_hash=H]   release it
+//! GET    /keys?route=R&state=S[&cursor=C&limit=N]  the route's records in state S (unknown,
+//!                                             executed): the ones that need an operator
 //! ```
 //!
 //! The caller whose key it is: its scope headers, each sent as `Scope-NAME` (for a route
@@ -39,7 +43,9 @@ use crate::error::Problem;
 use crate::gateway::Gateway;
 use crate::policy::scope::{MissingScope, Scope};
 use crate::reload::Live;
-use crate::store::{EntryState, Store, StoreError};
+use crate::runtime::IdempotentRoute;
+use crate::store::{Cursor, Entry, EntryState, Held, IndexKey, RecordKey, Resolved, Store, StoreError, StoredResponse};
+use http_body_util::BodyExt;
 
 /// The admin service's shared state.
 #[derive(Clone)]
@@ -47,12 +53,14 @@ pub struct Admin {
     live: Arc<Live>,
     /// SHA-256 of the token: compared in constant time regardless of the token's length.
     token_hash: Option<[u8; 32]>,
+    /// When the unknown-records gauge was last counted (see `refresh_unknown_records`).
+    counted: Arc<std::sync::Mutex<Option<std::time::Instant>>>,
 }
 
 impl Admin {
     /// An admin service; key endpoints are enabled only with a token.
     pub fn new(live: Arc<Live>, token: Option<String>) -> Self {
-        Self { live, token_hash: token.map(|t| Sha256::digest(t.trim().as_bytes()).into()) }
+        Self { live, token_hash: token.map(|t| Sha256::digest(t.trim().as_bytes()).into()), counted: Arc::default() }
     }
 }
 
@@ -86,7 +94,7 @@ const ENDPOINTS: [(&str, &str); 7] = [
     ("/policy", "GET, HEAD"),
     ("/routes", "GET, HEAD"),
     ("/reload", "POST"),
-    ("/keys", "GET, HEAD, DELETE"),
+    ("/keys", "GET, HEAD, PUT, DELETE"),
 ];
 
 async fn handle(admin: &Admin, draining: &CancellationToken, request: Request<Incoming>) -> Response<Body> {
@@ -108,6 +116,7 @@ async fn handle(admin: &Admin, draining: &CancellationToken, request: Request<In
             }
         }
         (&Method::GET, "/metrics") => {
+            refresh_unknown_records(admin, gw).await;
             let mut r = Response::new(body::full(gw.runtime().metrics.encode()));
             r.headers_mut().insert(
                 header::CONTENT_TYPE,
@@ -144,12 +153,11 @@ async fn handle(admin: &Admin, draining: &CancellationToken, request: Request<In
             }
             json_response(StatusCode::OK, &crate::publish::routes_json(gw.route_configs()))
         }
-        (method @ (&Method::GET | &Method::DELETE), "/keys") => {
+        (&Method::GET | &Method::DELETE | &Method::PUT, "/keys") => {
             if let Some(denied) = authorize(admin, request.headers()) {
                 return denied;
             }
-            let delete = method == Method::DELETE;
-            keys(gw, request.uri().query().unwrap_or(""), request.headers(), delete).await
+            keys(gw, request).await
         }
         (method, path) => match ENDPOINTS.iter().find(|(p, _)| *p == path) {
             Some((_, allow)) => {
@@ -160,6 +168,37 @@ async fn handle(admin: &Admin, draining: &CancellationToken, request: Request<In
             }
             None => problem(gw, StatusCode::NOT_FOUND, "admin-not-found", "Not found", "No such admin endpoint."),
         },
+    }
+}
+
+/// How often the unknown-records gauge is counted at most: a store call per holding route,
+/// which scrapes from several Prometheus servers need not repeat.
+const COUNT_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Counts each holding route's unknown records for the gauge, as the store's index has them;
+/// a store that does not answer leaves the last counts.
+async fn refresh_unknown_records(admin: &Admin, gw: &Gateway) {
+    {
+        let mut counted = admin.counted.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if counted.is_some_and(|at| at.elapsed() < COUNT_EVERY) {
+            return;
+        }
+        *counted = Some(std::time::Instant::now());
+    }
+    let rt = gw.runtime();
+    for config in gw.route_configs() {
+        let Some(route) = gw.idempotent_route(&config.name) else { continue };
+        if route.policy.on_unknown_outcome != crate::policy::UnknownOutcomePolicy::Hold {
+            continue;
+        }
+        let index = IndexKey::new(rt.key_prefix(), &route.name);
+        match rt.store.count(&index, Held::Unknown).await {
+            Ok(count) => rt.metrics.set_unknown_records(&route.name, count),
+            Err(e) => {
+                tracing::debug!(route = %route.name, error = %e, "cannot count unknown records");
+                return;
+            }
+        }
     }
 }
 
@@ -196,45 +235,126 @@ fn authorize(admin: &Admin, headers: &HeaderMap) -> Option<Response<Body>> {
     Some(r)
 }
 
-async fn keys(gw: &Gateway, query: &str, headers: &HeaderMap, delete: bool) -> Response<Body> {
-    let mut route_name = None;
-    let mut key_value = None;
-    let mut scope_value = None;
-    let mut scope_hash = None;
-    for (k, v) in form_urlencoded::parse(query.as_bytes()) {
-        match &*k {
-            "route" => route_name = Some(v.into_owned()),
-            "key" => key_value = Some(v.into_owned()),
-            "scope" => scope_value = Some(v.into_owned()),
-            "scope_hash" => scope_hash = Some(v.into_owned()),
-            _ => {}
+/// The longest page of `GET /keys?state=...`.
+const MAX_LIMIT: usize = 1000;
+/// Largest body of `PUT /keys`.
+const MAX_RESOLVE_BODY: usize = 16 * 1024 * 1024;
+
+/// The query of a `/keys` call.
+#[derive(Default)]
+struct KeysQuery {
+    route: Option<String>,
+    key: Option<String>,
+    scope: Option<String>,
+    scope_hash: Option<String>,
+    state: Option<String>,
+    cursor: Option<String>,
+    limit: Option<String>,
+}
+
+impl KeysQuery {
+    fn parse(query: &str) -> Self {
+        let mut q = Self::default();
+        for (k, v) in form_urlencoded::parse(query.as_bytes()) {
+            let slot = match &*k {
+                "route" => &mut q.route,
+                "key" => &mut q.key,
+                "scope" => &mut q.scope,
+                "scope_hash" => &mut q.scope_hash,
+                "state" => &mut q.state,
+                "cursor" => &mut q.cursor,
+                "limit" => &mut q.limit,
+                _ => continue,
+            };
+            *slot = Some(v.into_owned());
         }
+        q
     }
+}
+
+async fn keys(gw: &Gateway, request: Request<Incoming>) -> Response<Body> {
+    let (parts, body) = request.into_parts();
+    let query = KeysQuery::parse(parts.uri.query().unwrap_or(""));
     let bad = |detail: &str| problem(gw, StatusCode::BAD_REQUEST, "admin-bad-request", "Bad request", detail);
-    let (Some(route_name), Some(key_value)) = (route_name, key_value) else {
-        return bad("Give route and key as query parameters.");
+    let Some(route_name) = &query.route else {
+        return bad("Give route as a query parameter, and key (one record) or state (a list).");
     };
-    let Some(route) = gw.idempotent_route(&route_name) else {
+    let Some(route) = gw.idempotent_route(route_name) else {
         return bad("No idempotent route has that name.");
     };
+    if parts.method == Method::GET && query.key.is_none() && query.state.is_some() {
+        return list(gw, route, &query).await;
+    }
+    let record = match record_of(route, &query, &parts.headers, gw) {
+        Ok(record) => record,
+        Err(detail) => return bad(&detail),
+    };
+    let rt = gw.runtime();
+    let index = IndexKey::new(rt.key_prefix(), &route.name);
+    match parts.method {
+        Method::DELETE => match rt.store.purge(&record).await {
+            Ok(released) => {
+                tracing::info!(route = %route.name, key = record.short(), released, "admin release");
+                let _ = rt.store.unindex(&index, &record).await;
+                json_response(StatusCode::OK, &json!({ "released": released.is_some(), "was": released }))
+            }
+            Err(e) => unavailable(gw, e),
+        },
+        Method::PUT => {
+            let answer = match read_answer(route, body).await {
+                Ok(answer) => answer,
+                Err(detail) => return bad(&detail),
+            };
+            match rt.store.resolve(&record, &answer, route.policy.retention).await {
+                Ok(Resolved::Done { was }) => {
+                    tracing::info!(route = %route.name, key = record.short(), was, status = answer.status.as_u16(), "admin resolve");
+                    let _ = rt.store.unindex(&index, &record).await;
+                    json_response(StatusCode::OK, &json!({ "resolved": true, "was": was }))
+                }
+                Ok(Resolved::Refused { state }) => {
+                    let state = state.unwrap_or("absent");
+                    let detail = format!(
+                        "The record is {state}: only an unknown or executed record can be resolved. Nothing changed."
+                    );
+                    let mut r = problem(gw, StatusCode::CONFLICT, "admin-conflict", "Not resolvable", &detail);
+                    r.headers_mut().insert("x-record-state", HeaderValue::from_static(state));
+                    r
+                }
+                Err(e) => unavailable(gw, e),
+            }
+        }
+        _ => match rt.store.get(&record).await {
+            Ok(None) => json_response(StatusCode::NOT_FOUND, &json!({ "state": "absent" })),
+            Ok(Some(entry)) => json_response(StatusCode::OK, &describe(&entry)),
+            Err(e) => unavailable(gw, e),
+        },
+    }
+}
+
+/// The record a `/keys` call names: the route, the key, and the caller (see the module docs).
+fn record_of(
+    route: &IdempotentRoute,
+    query: &KeysQuery,
+    headers: &HeaderMap,
+    gw: &Gateway,
+) -> Result<RecordKey, String> {
     let policy = &route.policy;
-    let Ok(key_header) = HeaderValue::from_str(&key_value) else {
-        return bad("The key holds characters a header cannot carry.");
+    let Some(key_value) = &query.key else { return Err("Give key as a query parameter.".into()) };
+    let Ok(key_header) = HeaderValue::from_str(key_value) else {
+        return Err("The key holds characters a header cannot carry.".into());
     };
     let key = match policy.key(&HeaderMap::from_iter([(policy.header.clone(), key_header)])) {
         Ok(Some(k)) => k,
-        Ok(None) => return bad("Give a key."),
-        Err(e) => return bad(&e.to_string()),
+        Ok(None) => return Err("Give a key.".into()),
+        Err(e) => return Err(e.to_string()),
     };
-    if scope_value.is_some() {
-        return bad("The scope does not go in the URL, where proxies and shells log it: send the caller's \
-            scope headers as Scope-NAME headers (Scope-Authorization: Bearer ...), or give scope_hash.");
+    if query.scope.is_some() {
+        return Err("The scope does not go in the URL, where proxies and shells log it: send the caller's \
+            scope headers as Scope-NAME headers (Scope-Authorization: Bearer ...), or give scope_hash."
+            .into());
     }
-    let scope = match scope_hash {
-        Some(hash) => match Scope::from_hex(&hash) {
-            Some(scope) => scope,
-            None => return bad("scope_hash must be 64 hex digits."),
-        },
+    let scope = match &query.scope_hash {
+        Some(hash) => Scope::from_hex(hash).ok_or("scope_hash must be 64 hex digits.")?,
         None => {
             // The caller's scope sources, each sent as `Scope-NAME` (`Scope-Authorization`,
             // `Scope-Cookie`). Without them: the scope of a global route or the anonymous one.
@@ -246,53 +366,148 @@ async fn keys(gw: &Gateway, query: &str, headers: &HeaderMap, delete: bool) -> R
                     caller.append(name.clone(), value.clone());
                 }
             }
-            match policy.scope(&caller, MissingScope::Anonymous) {
-                Ok(scope) => scope,
-                Err(e) => return bad(&e.to_string()),
-            }
+            policy.scope(&caller, MissingScope::Anonymous).map_err(|e| e.to_string())?
         }
     };
-    let record = gw.runtime().record_key(&route.name, &scope, &key);
-    let unavailable = |e: StoreError| {
-        tracing::warn!(error = %e, "admin: store unavailable");
-        problem(
-            gw,
-            StatusCode::SERVICE_UNAVAILABLE,
-            "store-unavailable",
-            "Idempotency store unavailable",
-            "The store did not answer.",
-        )
+    Ok(gw.runtime().record_key(&route.name, &scope, &key))
+}
+
+/// What `GET /keys` says about one record.
+fn describe(entry: &Entry) -> serde_json::Value {
+    let mut doc = json!({
+        "state": entry.state.name(),
+        "attempt": entry.attempt,
+        "expires_in_ms": entry.expires_in.as_millis() as u64,
+    });
+    match entry.state {
+        EntryState::InProgress { lease_left } => doc["lease_left_ms"] = json!(lease_left.as_millis() as u64),
+        EntryState::Completed { status, body_len } => {
+            doc["status"] = json!(status);
+            doc["body_bytes"] = json!(body_len);
+        }
+        EntryState::Executed { status } => doc["status"] = json!(status),
+        EntryState::Unknown { lookup } => doc["lookup_in_flight"] = json!(lookup),
+        EntryState::Released => {}
+    }
+    doc
+}
+
+/// `GET /keys?route=R&state=unknown|executed[&cursor=C][&limit=N]`: one page of the route's
+/// records in that state, oldest first. Each entry of the index is checked against its record
+/// (the index is best-effort): one that moved on is dropped from the index and not listed.
+async fn list(gw: &Gateway, route: &IdempotentRoute, query: &KeysQuery) -> Response<Body> {
+    let bad = |detail: &str| problem(gw, StatusCode::BAD_REQUEST, "admin-bad-request", "Bad request", detail);
+    let Some(held) = query.state.as_deref().and_then(Held::parse) else {
+        return bad("state must be unknown or executed: the states that need an operator.");
     };
-    if delete {
-        return match gw.runtime().store.purge(&record).await {
-            Ok(released) => {
-                tracing::info!(route = %route.name, key = record.short(), released, "admin release");
-                json_response(StatusCode::OK, &json!({ "released": released.is_some(), "was": released }))
-            }
-            Err(e) => unavailable(e),
+    let limit = match query.limit.as_deref().map(str::parse::<usize>) {
+        None => 100,
+        Some(Ok(n)) if (1..=MAX_LIMIT).contains(&n) => n,
+        Some(_) => return bad(&format!("limit must be between 1 and {MAX_LIMIT}.")),
+    };
+    let cursor = match query.cursor.as_deref().filter(|c| !c.is_empty()) {
+        None => None,
+        Some(text) => match Cursor::decode(text) {
+            Some(cursor) => Some(cursor),
+            None => return bad("cursor is not one this endpoint handed out."),
+        },
+    };
+    let rt = gw.runtime();
+    let index = IndexKey::new(rt.key_prefix(), &route.name);
+    let page = match rt.store.list(&index, held, cursor, limit).await {
+        Ok(page) => page,
+        Err(e) => return unavailable(gw, e),
+    };
+    let now = crate::store::unix_ms();
+    let mut records = Vec::with_capacity(page.entries.len());
+    for (entry, _score) in page.entries {
+        let record = entry.record_key();
+        let state = match rt.store.get(&record).await {
+            Ok(state) => state,
+            Err(e) => return unavailable(gw, e),
         };
-    }
-    match gw.runtime().store.get(&record).await {
-        Ok(None) => json_response(StatusCode::NOT_FOUND, &json!({ "state": "absent" })),
-        Ok(Some(entry)) => {
-            let mut doc = json!({
-                "state": entry.state.name(),
-                "attempt": entry.attempt,
-                "expires_in_ms": entry.expires_in.as_millis() as u64,
-            });
-            match entry.state {
-                EntryState::InProgress { lease_left } => doc["lease_left_ms"] = json!(lease_left.as_millis() as u64),
-                EntryState::Completed { status, body_len } => {
-                    doc["status"] = json!(status);
-                    doc["body_bytes"] = json!(body_len);
-                }
-                EntryState::Executed { status } => doc["status"] = json!(status),
-                EntryState::Unknown | EntryState::Released => {}
-            }
-            json_response(StatusCode::OK, &doc)
+        let current = state.as_ref().map(|e| e.state.name());
+        if current != Some(held.name()) {
+            let _ = rt.store.unindex(&index, &record).await;
+            continue;
         }
-        Err(e) => unavailable(e),
+        let attempt = state.map_or(0, |e| e.attempt);
+        records.push(json!({
+            "key": entry.key,
+            "scope_hash": entry.scope_hash,
+            "state": held.name(),
+            "attempt": attempt,
+            "since_ms": now.saturating_sub(entry.since_unix_ms),
+            "method": entry.method,
+            "path": entry.path,
+        }));
     }
+    json_response(
+        StatusCode::OK,
+        &json!({
+            "route": route.name,
+            "state": held.name(),
+            "records": records,
+            "next_cursor": page.next.map(|c| c.encode()),
+        }),
+    )
+}
+
+/// The operator's answer in a `PUT /keys` body: `{"status": 201, "headers": {...}, "body": "..."}`.
+async fn read_answer(route: &IdempotentRoute, body: Incoming) -> Result<StoredResponse, String> {
+    let bytes = match http_body_util::Limited::new(body, MAX_RESOLVE_BODY).collect().await {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) => return Err(format!("Cannot read the body: {e}.")),
+    };
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Answer {
+        status: u16,
+        #[serde(default)]
+        headers: std::collections::BTreeMap<String, OneOrMany>,
+        #[serde(default)]
+        body: String,
+    }
+    #[derive(serde::Deserialize)]
+    #[serde(untagged)]
+    enum OneOrMany {
+        One(String),
+        Many(Vec<String>),
+    }
+    let answer: Answer = serde_json::from_slice(&bytes).map_err(|e| {
+        format!("The body must be {{\"status\": 201, \"headers\": {{\"name\": \"value\"}}, \"body\": \"...\"}}: {e}.")
+    })?;
+    let status = StatusCode::from_u16(answer.status)
+        .ok()
+        .filter(|s| (200..600).contains(&s.as_u16()))
+        .ok_or_else(|| format!("status {} is not between 200 and 599.", answer.status))?;
+    let mut headers = HeaderMap::new();
+    for (name, values) in answer.headers {
+        let header = HeaderName::from_bytes(name.as_bytes()).map_err(|_| format!("{name:?} is not a header name."))?;
+        let values = match values {
+            OneOrMany::One(v) => vec![v],
+            OneOrMany::Many(vs) => vs,
+        };
+        for value in values {
+            let value =
+                HeaderValue::from_str(&value).map_err(|_| format!("The value of {name} is not a header value."))?;
+            headers.append(header.clone(), value);
+        }
+    }
+    // What a replay may carry, as for an answer from the upstream.
+    let headers = crate::headers::storable(&headers, &route.policy.stored_headers);
+    Ok(StoredResponse { status, headers, body: bytes::Bytes::from(answer.body) })
+}
+
+fn unavailable(gw: &Gateway, e: StoreError) -> Response<Body> {
+    tracing::warn!(error = %e, "admin: store unavailable");
+    problem(
+        gw,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "store-unavailable",
+        "Idempotency store unavailable",
+        "The store did not answer.",
+    )
 }
 
 fn text(status: StatusCode, body: &'static str) -> Response<Body> {

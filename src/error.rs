@@ -84,11 +84,15 @@ pub enum GatewayError {
     #[error(transparent)]
     Upstream(#[from] UpstreamError),
     /// The request was sent upstream and no complete answer came back, so nobody knows whether
-    /// the upstream acted on it; the key is held and no retry runs it again.
+    /// the upstream acted on it; the key is held and no retry runs it again until a lookup or
+    /// an operator settles it.
     #[error("the outcome of the request with this key is unknown")]
     OutcomeUnknown {
         /// The exchange ran out of time (504) rather than broke (502).
         timed_out: bool,
+        /// When asking the upstream again may settle it (the route reconciles; its answer
+        /// cannot be trusted yet, or a lookup is still running).
+        retry_after: Option<Duration>,
     },
     /// Shutdown abandoned the exchange before the upstream answered; its outcome is unknown.
     #[error("the gateway shut down before the upstream answered")]
@@ -327,7 +331,7 @@ impl GatewayError {
                 Outcome::Overloaded,
             )
             .retry_after(SOON),
-            Self::OutcomeUnknown { timed_out } => P::failed(
+            Self::OutcomeUnknown { timed_out, retry_after: None } => P::failed(
                 if *timed_out { S::GATEWAY_TIMEOUT } else { S::BAD_GATEWAY },
                 "outcome-unknown",
                 "Outcome unknown",
@@ -337,6 +341,17 @@ impl GatewayError {
                  recent orders or payments) before you send it again with a new key.",
                 Outcome::Unknown,
             ),
+            Self::OutcomeUnknown { timed_out, retry_after: Some(after) } => P::failed(
+                if *timed_out { S::GATEWAY_TIMEOUT } else { S::BAD_GATEWAY },
+                "outcome-unknown",
+                "Outcome unknown",
+                "The request with this idempotency key was sent to the upstream service, and no \
+                 complete answer came back: it may or may not have been processed. The gateway is \
+                 finding out from the upstream service: retry with the same key after Retry-After; \
+                 you will get the original answer, or the request will run if it never did.",
+                Outcome::Unknown,
+            )
+            .retry_after(*after),
             Self::StoreUnavailable(_) => P::failed(
                 S::SERVICE_UNAVAILABLE,
                 "store-unavailable",

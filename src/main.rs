@@ -1,6 +1,8 @@
-//! The `idemgate` command: serve a config, or check one.
+//! The `idemgate` command: serve a config, check one, or look after keys through a running
+//! gateway's admin listener (`idemgate keys`).
 //!
-//! This is the only place that reads the environment (the log filter, `RUST_LOG`).
+//! The binary is the only place that reads the environment: the log filter (`RUST_LOG`) here,
+//! the admin token and a caller's scope in `cli/keys.rs`.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -10,6 +12,9 @@ use clap::{Parser, Subcommand};
 use idemgate::config::{Config, LogFormat};
 use idemgate::{Live, Server, Upstream};
 use tracing_subscriber::EnvFilter;
+
+#[path = "cli/keys.rs"]
+mod keys;
 
 /// An idempotency gateway: a reverse proxy that runs each keyed request upstream once.
 #[derive(Parser)]
@@ -31,6 +36,8 @@ enum Command {
     Check,
     /// Print the idempotency policy of every route as Markdown, for the API's clients.
     Policy,
+    /// List, show, resolve or release idempotency records through the admin listener.
+    Keys(keys::KeysArgs),
 }
 
 fn main() -> ExitCode {
@@ -47,6 +54,8 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
+        // The admin listener is the source of truth here: no configuration file is read.
+        Some(Command::Keys(args)) => keys::run(args),
         None => serve(&cli.config, cli.log_format),
     }
 }

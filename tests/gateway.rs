@@ -358,7 +358,7 @@ async fn upstream_timeout_is_504_and_holds_the_key_as_unknown(store: StoreKind) 
     assert_eq!(r.status, 504);
     assert_eq!(r.problem(), "outcome-unknown");
     let entry = gw.gateway.runtime().store.get(&record_key(&gw, "slowpoke")).await.unwrap().unwrap();
-    assert_eq!(entry.state, EntryState::Unknown);
+    assert_eq!(entry.state, EntryState::Unknown { lookup: false });
     // The upstream may well have acted on it: the retry is refused, nothing is forwarded.
     let retry = client.post_json("/orders", Some("slowpoke"), ORDER).await;
     assert_eq!((retry.status.as_u16(), retry.problem().as_str()), (502, "outcome-unknown"));
@@ -518,7 +518,7 @@ async fn admin_reports_health_readiness_metrics_and_keys(store: StoreKind) {
     let head = admin.send(Method::HEAD, "/healthz", &[], "").await;
     assert_eq!((head.status.as_u16(), head.body.len()), (200, 0), "HEAD works where GET does");
     let post = admin.send(Method::POST, "/keys", &[], "").await;
-    assert_eq!((post.status.as_u16(), post.header("allow")), (405, Some("GET, HEAD, DELETE")));
+    assert_eq!((post.status.as_u16(), post.header("allow")), (405, Some("GET, HEAD, PUT, DELETE")));
     assert_eq!(post.problem(), "admin-method");
     assert_eq!(admin.get("/nothing", &[]).await.status, 404);
     client.post_json("/orders", Some("m"), ORDER).await;

@@ -16,7 +16,8 @@ use crate::store::StoredResponse;
 pub type Served = (Outcome, Response<Body>);
 
 /// The header that tells a client how its key was handled when that is not plain: its
-/// claim was taken over while the request ran (`lease-lost`), or the store was bypassed.
+/// claim was taken over while the request ran (`lease-lost`), the store was bypassed, or its
+/// answer was found by asking the upstream after it had been lost (`reconciled`).
 pub const STATUS_HEADER: &str = "idempotency-status";
 
 /// The response for a replayed request.
@@ -27,6 +28,14 @@ pub fn replay(stored: StoredResponse, replay_header: &HeaderName) -> Response<Bo
     let mut response = Response::new(body::full(body));
     *response.status_mut() = status;
     *response.headers_mut() = headers;
+    response
+}
+
+/// The response for a retry whose key was unknown and is now settled by asking the upstream
+/// (or by an operator): a replay, marked `Idempotency-Status: reconciled`.
+pub fn reconciled(stored: StoredResponse, replay_header: &HeaderName) -> Response<Body> {
+    let mut response = replay(stored, replay_header);
+    response.headers_mut().insert(STATUS_HEADER, HeaderValue::from_static("reconciled"));
     response
 }
 

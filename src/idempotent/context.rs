@@ -4,6 +4,9 @@
 use std::sync::Arc;
 
 use crate::access::Trace;
+use crate::policy::fingerprint::Fingerprint;
+use crate::policy::key::IdempotencyKey;
+use crate::policy::scope::Scope;
 use crate::runtime::IdempotentRoute;
 use crate::store::{OwnerToken, RecordKey};
 
@@ -13,6 +16,12 @@ pub struct Ctx<'a> {
     pub route: &'a Arc<IdempotentRoute>,
     /// The store's name for the request's key.
     pub record: RecordKey,
+    /// The key, as the client sent it.
+    pub key: IdempotencyKey,
+    /// Whose key it is.
+    pub scope: Scope,
+    /// What makes it this request.
+    pub fingerprint: Fingerprint,
     /// The owner token of this request's claim, made before the claim call: a claim whose
     /// reply is lost can still be released by its owner.
     pub owner: OwnerToken,

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::request::Parts;
-use http::{HeaderValue, Request, Response, response};
+use http::{HeaderValue, Method, Request, Response, Uri, response};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
@@ -33,6 +33,7 @@ use super::admit::Admitted;
 use super::answer;
 use super::capture::{self, Captured, StreamEnd};
 use super::context::Ctx;
+use super::reconcile::{self, Question};
 use super::settle::Settle;
 use crate::body::{self, Body};
 use crate::error::GatewayError;
@@ -40,8 +41,10 @@ use crate::forwarded::Peer;
 use crate::headers;
 use crate::metrics::{ReleaseReason, status_class};
 use crate::policy::UnknownOutcomePolicy;
+use crate::policy::key::IdempotencyKey;
+use crate::policy::scope::Scope;
 use crate::runtime::{IdempotentRoute, Runtime};
-use crate::store::{Final, Sent, StoredResponse};
+use crate::store::{Final, Held, IndexEntry, IndexKey, Sent, Store, StoredResponse};
 use crate::upstream::{Upstream, UpstreamError};
 
 /// Sends an admitted request upstream in an exchange of its own, and waits for the first
@@ -55,6 +58,15 @@ pub async fn forward(
     body: Bytes,
     peer: &Peer,
 ) -> Result<Response<Body>, GatewayError> {
+    // Only a route that reconciles keeps what a lookup needs (a few headers, the peer).
+    let question = ctx
+        .route
+        .policy
+        .reconcile
+        .as_ref()
+        .map(|_| Question::new(ctx.route, &parts.headers, &ctx.key, ctx.record.clone(), ctx.fingerprint, peer));
+    let trail =
+        Trail { key: ctx.key.take(), scope: ctx.scope, method: parts.method.clone(), uri: parts.uri.clone(), question };
     ctx.route.upstream.prepare(&mut parts, peer);
     if admitted.confirmed {
         ctx.trace.attempt = Some(admitted.lease.attempt());
@@ -64,6 +76,7 @@ pub async fn forward(
         route: Arc::clone(ctx.route),
         admitted,
         request: Request::from_parts(parts, body),
+        trail,
     };
     let (tx, rx) = oneshot::channel();
     // The exchange's state machine is several KiB; boxed once here, it is not copied again on
@@ -84,6 +97,20 @@ struct Exchange {
     admitted: Admitted,
     /// The request, prepared for the upstream, with its body read.
     request: Request<Bytes>,
+    /// What the key's record may need after the exchange.
+    trail: Trail,
+}
+
+/// What an exchange keeps of its request for a key that ends needing attention: the index
+/// entry of an unknown or executed record, and the question a lookup asks.
+struct Trail {
+    key: IdempotencyKey,
+    scope: Scope,
+    method: Method,
+    /// The path and query as the client sent them.
+    uri: Uri,
+    /// On a route that reconciles.
+    question: Option<Question>,
 }
 
 /// How the call to the upstream ended.
@@ -113,7 +140,7 @@ struct Report {
 
 impl Exchange {
     async fn run(self, client: oneshot::Sender<(Answer, Report)>) {
-        let Self { rt, route, admitted, mut request } = self;
+        let Self { rt, route, admitted, mut request, trail } = self;
         // The slots are held until the exchange ends, after its client if it goes first.
         let Admitted { lease, confirmed, slots: _slots } = admitted;
         let (policy, abandon) = (&*route.policy, &rt.abandon);
@@ -141,6 +168,16 @@ impl Exchange {
         route.metrics.upstream_latency(ended.class(), upstream_time);
         let report = || Report { upstream: upstream_time, store: upstream_done.elapsed() };
 
+        // When a lookup's "not found" can be trusted (see `reconcile`): at once if the upstream
+        // closed the connection itself; else not before it would have given up on the request.
+        let trusted_in = |closed_by_upstream: bool| match closed_by_upstream {
+            true => Duration::ZERO,
+            false => {
+                let release_after = policy.reconcile.as_ref().map_or(Duration::ZERO, |r| r.release_after);
+                (started + route.upstream.timeout() + release_after).saturating_duration_since(Instant::now())
+            }
+        };
+        let mut held = None;
         let reply = match ended {
             Ended::Whole(parts, body) if policy.store_statuses.contains(parts.status) => {
                 let stored = StoredResponse {
@@ -182,15 +219,16 @@ impl Exchange {
                     }
                 });
                 let end = settle.renewing(&lease, ended).await;
-                match end {
+                let held = match end {
                     StreamEnd::Complete | StreamEnd::ClientGone => {
                         route.metrics.not_stored();
                         settle.finish(lease, Final::NotStored(&head), 0).await;
+                        Some(Held::Executed)
                     }
-                    StreamEnd::Broken => {
-                        settle.unknown(lease).await;
-                    }
-                }
+                    // The upstream broke its own answer off.
+                    StreamEnd::Broken => settle.unknown(lease, Duration::ZERO).await.holds(),
+                };
+                trail.record(&rt, &route, held, confirmed);
                 return;
             }
             Ended::Streamed(parts, body, _) => {
@@ -203,17 +241,55 @@ impl Exchange {
             }
             Ended::NoAnswer(e) => {
                 let timed_out = matches!(e, UpstreamError::Timeout { .. });
-                match settle.unknown(lease).await {
-                    UnknownOutcomePolicy::Hold => Err(GatewayError::OutcomeUnknown { timed_out }),
+                let closed = matches!(e, UpstreamError::Failed { .. });
+                let done = settle.unknown(lease, trusted_in(closed)).await;
+                held = done.holds();
+                match done {
+                    UnknownOutcomePolicy::Hold => Err(GatewayError::OutcomeUnknown { timed_out, retry_after: None }),
                     UnknownOutcomePolicy::Release => Err(e.into()),
                 }
             }
             Ended::Abandoned => {
-                settle.unknown(lease).await;
+                held = settle.unknown(lease, trusted_in(false)).await.holds();
                 Err(GatewayError::ShuttingDown)
             }
         };
         let _ = client.send((reply, report()));
+        trail.record(&rt, &route, held, confirmed);
+    }
+}
+
+impl Trail {
+    /// After a key ended needing attention (`held`): its entry in the index of records that
+    /// need an operator, and, on a route that reconciles, a lookup in the background. After
+    /// the client's answer, which neither delays. Best effort: the index is checked against
+    /// the record when read.
+    fn record(self, rt: &Arc<Runtime>, route: &Arc<IdempotentRoute>, held: Option<Held>, confirmed: bool) {
+        // An unconfirmed claim (fail-open) may have no record at all.
+        let Some(held) = held.filter(|_| confirmed) else { return };
+        let Self { key, scope, method, uri, question } = self;
+        let record = match &question {
+            Some(q) => q.record().clone(),
+            None => rt.record_key(&route.name, &scope, &key),
+        };
+        let entry = IndexEntry {
+            record: record.as_str().to_owned(),
+            key: key.header_form(),
+            scope_hash: scope.to_hex(),
+            method: method.as_str().to_owned(),
+            path: uri.path_and_query().map_or_else(|| uri.path().to_owned(), |pq| pq.as_str().to_owned()),
+            since_unix_ms: crate::store::unix_ms(),
+        };
+        let (rt2, route2) = (Arc::clone(rt), Arc::clone(route));
+        tokio::spawn(async move {
+            let index = IndexKey::new(rt2.key_prefix(), &route2.name);
+            if let Err(e) = rt2.store.index(&index, held, &entry, route2.policy.retention).await {
+                tracing::debug!(route = %route2.name, key = record.short(), error = %e, "cannot index a record that needs an operator");
+            }
+        });
+        if let Some(question) = question.filter(|_| held == Held::Unknown) {
+            reconcile::later(rt, route, question);
+        }
     }
 }
 

@@ -12,7 +12,7 @@ use hyper::body::Incoming;
 use crate::body;
 use crate::error::GatewayError;
 use crate::policy::fingerprint::{self, Fingerprint};
-use crate::policy::key::KeyError;
+use crate::policy::key::{IdempotencyKey, KeyError};
 use crate::policy::scope::Scope;
 use crate::runtime::{IdempotentRoute, Runtime};
 use crate::store::RecordKey;
@@ -31,6 +31,8 @@ pub struct Identified {
     pub parts: Parts,
     /// Its whole body.
     pub body: Bytes,
+    /// Its key.
+    pub key: IdempotencyKey,
     /// Whose key it is.
     pub scope: Scope,
     /// What makes it this request.
@@ -63,5 +65,5 @@ pub async fn identify(
         body::read_bounded(&parts.headers, body, policy.max_request_body, route.settings.body_read_timeout).await?;
     let fingerprint = fingerprint::compute(&route.name, &policy.fingerprint, &parts, &body);
     let record = rt.record_key(&route.name, &scope, &key);
-    Ok(Identity::Keyed(Identified { parts, body, scope, fingerprint, record }))
+    Ok(Identity::Keyed(Identified { parts, body, key, scope, fingerprint, record }))
 }

@@ -4,7 +4,9 @@
 //! identify ─▶ claim ─┬─ Acquired ─▶ admit ─▶ forward ─▶ settle ─▶ answer (first)
 //!                    ├─ Completed ───────────────────────────────▶ answer (replay)
 //!                    ├─ NotStored ───────────────────────────────▶ answer ('response-not-stored')
-//!                    ├─ Unknown ─────────────────────────────────▶ 502 'outcome-unknown'
+//!                    ├─ Unknown ─▶ reconcile ─┬─ found ──────────▶ answer (replay, reconciled)
+//!                    │                        ├─ released ───────▶ claim again (attempt N+1)
+//!                    │                        └─ still unknown ──▶ 502 'outcome-unknown'
 //!                    ├─ InFlight (after the bounded wait) ───────▶ 409 + Retry-After
 //!                    └─ Mismatch ────────────────────────────────▶ 422
 //! ```
@@ -15,6 +17,8 @@
 //! - [`admit`]: room for one more exchange and the caller's budget of new keys;
 //! - [`forward`]: the exchange with the upstream, in a task of its own that outlives the client;
 //! - [`settle`]: every store write after the claim (renew, settle, release);
+//! - [`reconcile`]: asking the upstream what became of a request whose answer was lost (on a
+//!   route with `[routes.idempotency.reconcile]`; without it, `Unknown` is 502 at once);
 //! - [`answer`]: the first answer, a replay, or what a retry of an unstored answer gets.
 //!
 //! A store that fails on the claim gets the route's `on_store_error`: fail-closed refuses,
@@ -27,6 +31,7 @@ mod claim;
 mod context;
 mod forward;
 mod identify;
+mod reconcile;
 mod settle;
 
 use std::sync::Arc;
@@ -57,18 +62,49 @@ pub async fn handle(
     connection: &Arc<Connection>,
     trace: &mut Trace,
 ) -> Result<Served, GatewayError> {
-    let Identified { parts, body, scope, fingerprint, record } = match identify::identify(rt, route, request).await? {
-        Identity::Keyed(identified) => identified,
-        Identity::Unkeyed(request) => {
-            let response = proxy::forward(&route.upstream, request.map(body::boxed), connection).await?;
-            return Ok((Outcome::PassedThrough, response));
-        }
-    };
+    let Identified { parts, body, key, scope, fingerprint, record } =
+        match identify::identify(rt, route, request).await? {
+            Identity::Keyed(identified) => identified,
+            Identity::Unkeyed(request) => {
+                let response = proxy::forward(&route.upstream, request.map(body::boxed), connection).await?;
+                return Ok((Outcome::PassedThrough, response));
+            }
+        };
     trace.record = Some(record.short().to_owned());
-    let mut ctx = Ctx { route, record, owner: OwnerToken::generate(), trace };
+    let mut ctx = Ctx { route, record, key, scope, fingerprint, owner: OwnerToken::generate(), trace };
 
-    let lease = match claim::claim(rt, &mut ctx, &fingerprint).await {
+    let mut claimed = claim::claim(rt, &mut ctx, &fingerprint).await;
+    // An unknown outcome on a route that reconciles: ask the upstream (once per request).
+    let mut reconciled = false;
+    if let Ok(Claim::Unknown { .. }) = claimed
+        && route.policy.reconcile.is_some()
+    {
+        let question = reconcile::Question::new(
+            route,
+            &parts.headers,
+            &ctx.key,
+            ctx.record.clone(),
+            fingerprint,
+            &connection.peer,
+        );
+        match reconcile::on_retry(rt, route, question).await {
+            reconcile::Asked::Found(stored) => {
+                return Ok((Outcome::Replayed, answer::reconciled(stored, &route.policy.replay_header)));
+            }
+            reconcile::Asked::Unknown { retry_after } => {
+                return Err(GatewayError::OutcomeUnknown { timed_out: false, retry_after });
+            }
+            reconcile::Asked::Changed => {
+                reconciled = true;
+                claimed = claim::claim(rt, &mut ctx, &fingerprint).await;
+            }
+        }
+    }
+    let lease = match claimed {
         Ok(Claim::Acquired(lease)) => lease,
+        Ok(Claim::Completed(stored)) if reconciled => {
+            return Ok((Outcome::Replayed, answer::reconciled(stored, &route.policy.replay_header)));
+        }
         Ok(Claim::Completed(stored)) => {
             return Ok((Outcome::Replayed, answer::replay(stored, &route.policy.replay_header)));
         }
@@ -76,7 +112,7 @@ pub async fn handle(
             let response = answer::not_stored(head, &route.policy.replay_header, &route.settings.problem_base);
             return Ok((Outcome::Replayed, response));
         }
-        Ok(Claim::Unknown { .. }) => return Err(GatewayError::OutcomeUnknown { timed_out: false }),
+        Ok(Claim::Unknown { .. }) => return Err(GatewayError::OutcomeUnknown { timed_out: false, retry_after: None }),
         Ok(Claim::InFlight { lease_left }) => return Err(GatewayError::InFlight { retry_after: lease_left }),
         Ok(Claim::Mismatch) => return Err(GatewayError::Mismatch),
         Err(e) => return store_failed(rt, ctx, e, connection, Request::from_parts(parts, body)).await,

@@ -117,13 +117,14 @@ impl<'a> Settle<'a> {
         self.logged("settle", result)
     }
 
-    /// The request was sent without a complete answer: hold the key as unknown, or release
-    /// it, as the route says. Returns what was done.
-    pub async fn unknown(&self, lease: Lease) -> UnknownOutcomePolicy {
+    /// The request was sent without a complete answer: hold the key as unknown (a lookup's
+    /// "not found" trusted only `trusted_in` from now), or release it, as the route says.
+    /// Returns what was done.
+    pub async fn unknown(&self, lease: Lease, trusted_in: Duration) -> UnknownOutcomePolicy {
         match self.route.policy.on_unknown_outcome {
             UnknownOutcomePolicy::Hold => {
                 self.route.metrics.outcome_unknown();
-                self.finish(lease, Final::Unknown, 0).await;
+                self.finish(lease, Final::Unknown { trusted_in }, 0).await;
             }
             UnknownOutcomePolicy::Release => self.release(lease, Sent::Maybe, ReleaseReason::Unknown).await,
         }

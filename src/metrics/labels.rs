@@ -153,6 +153,49 @@ impl EncodeLabelValue for ReleaseReason {
     }
 }
 
+/// How one lookup of an unknown outcome ended (`idemgate_reconciliations_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reconciliation {
+    /// The upstream had the answer; the key now replays it.
+    Found,
+    /// The upstream never ran the request; the key was released.
+    NotFound,
+    /// No usable answer (error, timeout, another status); the key stays unknown.
+    Failed,
+    /// "Not found" while the upstream may still be running the request; asked again later.
+    TooEarly,
+}
+
+impl Reconciliation {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Found => "found",
+            Self::NotFound => "not_found",
+            Self::Failed => "failed",
+            Self::TooEarly => "too_early",
+        }
+    }
+}
+
+impl Label for Reconciliation {
+    const ALL: &'static [Self] = &[Self::Found, Self::NotFound, Self::Failed, Self::TooEarly];
+    fn index(self) -> usize {
+        match self {
+            Self::Found => 0,
+            Self::NotFound => 1,
+            Self::Failed => 2,
+            Self::TooEarly => 3,
+        }
+    }
+}
+
+impl EncodeLabelValue for Reconciliation {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> Result<(), std::fmt::Error> {
+        encoder.write_str(self.as_str())
+    }
+}
+
 /// The `class` label values of the upstream latency histogram.
 pub const UPSTREAM_CLASSES: [&str; 7] = ["1xx", "2xx", "3xx", "4xx", "5xx", "error", "abandoned"];
 

@@ -12,7 +12,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-pub use self::labels::{Label, Outcome, ReleaseReason, UPSTREAM_CLASSES, status_class};
+pub use self::labels::{Label, Outcome, Reconciliation, ReleaseReason, UPSTREAM_CLASSES, status_class};
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct RouteOutcome {
@@ -29,6 +29,12 @@ struct RouteLabel {
 struct RouteClass {
     route: String,
     class: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct RouteResult {
+    route: String,
+    result: Reconciliation,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -53,6 +59,8 @@ pub struct Metrics {
     store_write_failed: Family<RouteLabel, Counter>,
     outcome_unknown: Family<RouteLabel, Counter>,
     not_stored: Family<RouteLabel, Counter>,
+    reconciliations: Family<RouteResult, Counter>,
+    unknown_records: Family<RouteLabel, Gauge>,
     request_seconds: Family<RouteOutcome, Histogram>,
     upstream_seconds: Family<RouteClass, Histogram>,
     /// Upstream exchanges running now (they outlive their clients).
@@ -96,6 +104,18 @@ impl Default for Metrics {
             "Responses delivered but too large to store; their keys answer response-not-stored",
             not_stored.clone(),
         );
+        let reconciliations = Family::default();
+        registry.register(
+            "reconciliations",
+            "Lookups of unknown outcomes, by result: found (replayed from now on), not_found (released), failed, too_early",
+            reconciliations.clone(),
+        );
+        let unknown_records = Family::default();
+        registry.register(
+            "unknown_records",
+            "Records held as unknown, by route, as the store's index counts them (refreshed at each scrape)",
+            unknown_records.clone(),
+        );
         let request_seconds = Family::<RouteOutcome, Histogram>::new_with_constructor(latency_histogram);
         registry.register("request_seconds", "Request duration, by route and outcome", request_seconds.clone());
         let upstream_seconds = Family::<RouteClass, Histogram>::new_with_constructor(latency_histogram);
@@ -126,11 +146,19 @@ impl Default for Metrics {
             store_write_failed,
             outcome_unknown,
             not_stored,
+            reconciliations,
+            unknown_records,
         }
     }
 }
 
 impl Metrics {
+    /// Sets the count of records held as unknown on `route`.
+    pub fn set_unknown_records(&self, route: &str, count: u64) {
+        let gauge = self.unknown_records.get_or_create(&RouteLabel { route: route.to_owned() });
+        gauge.set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+
     /// Counters of one route, resolved once.
     pub fn route(&self, route: &str) -> RouteMetrics {
         let label = RouteLabel { route: route.to_owned() };
@@ -146,6 +174,9 @@ impl Metrics {
             store_write_failed: self.store_write_failed.get_or_create(&label).clone(),
             outcome_unknown: self.outcome_unknown.get_or_create(&label).clone(),
             not_stored: self.not_stored.get_or_create(&label).clone(),
+            reconciliations: PerLabel::new(|result| {
+                self.reconciliations.get_or_create(&RouteResult { route: route.to_owned(), result }).clone()
+            }),
             request_seconds: PerLabel::new(|outcome| {
                 self.request_seconds.get_or_create(&RouteOutcome { route: route.to_owned(), outcome }).clone()
             }),
@@ -235,6 +266,7 @@ pub struct RouteMetrics {
     store_write_failed: Counter,
     outcome_unknown: Counter,
     not_stored: Counter,
+    reconciliations: PerLabel<Reconciliation>,
     request_seconds: PerLabel<Outcome, Histogram>,
     /// One histogram per status class, resolved once: no label lookup per request.
     upstream_seconds: Vec<(&'static str, Histogram)>,
@@ -267,6 +299,11 @@ impl RouteMetrics {
     /// Counts a key held as unknown.
     pub fn outcome_unknown(&self) {
         self.outcome_unknown.inc();
+    }
+
+    /// Counts a lookup of an unknown outcome.
+    pub fn reconciled(&self, result: Reconciliation) {
+        self.reconciliations.get(result).inc();
     }
 
     /// Counts a response delivered but not stored.
@@ -304,6 +341,7 @@ mod tests {
     fn every_label_has_its_own_counter() {
         indices_are_positions::<Outcome>();
         indices_are_positions::<ReleaseReason>();
+        indices_are_positions::<Reconciliation>();
     }
 
     #[test]

@@ -1,0 +1,295 @@
+//! Reconcile: asking the upstream what became of a request whose answer was lost.
+//!
+//! A key held as unknown is a dead end for its client unless somebody finds out what happened.
+//! On a route with `[routes.idempotency.reconcile]` the gateway asks the upstream's lookup
+//! (`GET /orders/lookup` with the key header and the caller's scope sources, as the original
+//! request had them):
+//!
+//! - when a retry meets the key ([`on_retry`]), and waits for the answer within the route's
+//!   `wait`;
+//! - in the background, `after` an unknown outcome, from the gateway that lost it and still
+//!   holds the request in memory ([`later`]): credentials are never written to the store or
+//!   the log, so if that gateway dies, the next retry asks.
+//!
+//! What the lookup answers:
+//!
+//! | answer | the record | the retry |
+//! |---|---|---|
+//! | a `found` status | completed with that answer | replayed, `Idempotency-Status: reconciled` |
+//! | a `not_found` status, trusted | released | runs upstream as attempt N+1 |
+//! | a `not_found` status, too early | still unknown, asked again later | 502 with `Retry-After` |
+//! | anything else (error, timeout, other status) | still unknown | 502 |
+//!
+//! The hazard is a "not found" from an upstream that is still running the request (after a
+//! timeout, the request may be executing): released then, the key would run twice. So the
+//! store keeps, on the record's own clock, when "not found" becomes proof: at once when the
+//! upstream closed or reset the connection itself, otherwise the upstream's `timeout` plus
+//! `release_after` after the request was sent; the decision is part of the same
+//! compare-and-set that releases the key.
+//!
+//! At most one lookup runs per key across all gateways: it holds a token on the record as an
+//! exchange holds its owner token, and every way out of unknown (found, not found, an
+//! operator's PUT or DELETE) is a compare-and-set, so they race safely.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, request};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::capture::{self, Captured};
+use crate::body;
+use crate::forwarded::Peer;
+use crate::headers;
+use crate::metrics::Reconciliation;
+use crate::policy::fingerprint::Fingerprint;
+use crate::policy::key::IdempotencyKey;
+use crate::policy::reconcile::Reconcile;
+use crate::policy::scope;
+use crate::runtime::{IdempotentRoute, Runtime};
+use crate::store::{IndexKey, LookupEnd, LookupEnded, LookupStart, OwnerToken, RecordKey, Store, StoredResponse};
+
+/// How many times, at most, the gateway that lost an answer asks by itself.
+const BACKGROUND_TRIES: u32 = 6;
+/// The longest pause between two of those tries.
+const MAX_PAUSE: Duration = Duration::from_secs(60);
+/// Asked again this long after "not found" becomes trustworthy, so the store agrees it is.
+const TRUST_MARGIN: Duration = Duration::from_millis(100);
+
+/// What a lookup needs of the request that lost its answer. Lives in memory only.
+#[derive(Clone)]
+pub struct Question {
+    record: RecordKey,
+    fingerprint: Fingerprint,
+    /// The parsed key, for `{key}` in the lookup's path.
+    key: String,
+    /// The key header and the scope sources, as the request had them.
+    headers: HeaderMap,
+    peer: Peer,
+}
+
+impl Question {
+    /// The question for a request with `headers` (its key header and scope sources are
+    /// copied, nothing else).
+    pub fn new(
+        route: &IdempotentRoute,
+        headers: &HeaderMap,
+        key: &IdempotencyKey,
+        record: RecordKey,
+        fingerprint: Fingerprint,
+        peer: &Peer,
+    ) -> Self {
+        let policy = &route.policy;
+        let mut asked = HeaderMap::new();
+        for value in headers.get_all(&policy.header) {
+            asked.append(policy.header.clone(), value.clone());
+        }
+        scope::copy_sources(&policy.scope, headers, &mut asked);
+        Self { record, fingerprint, key: key.as_str().to_owned(), headers: asked, peer: peer.clone() }
+    }
+}
+
+impl Question {
+    /// The record asked about.
+    pub fn record(&self) -> &RecordKey {
+        &self.record
+    }
+}
+
+/// What asking found, for the request that asked.
+pub enum Asked {
+    /// The upstream had the answer; the key now replays it.
+    Found(StoredResponse),
+    /// The key is no longer unknown (released, or settled by someone else): claim it again.
+    Changed,
+    /// Still unknown; `retry_after` when asking again may settle it.
+    Unknown {
+        /// When to retry.
+        retry_after: Option<Duration>,
+    },
+}
+
+/// A retry met an unknown outcome: ask the upstream, or wait for the lookup another request
+/// started, within the route's `wait`.
+pub async fn on_retry(rt: &Arc<Runtime>, route: &Arc<IdempotentRoute>, question: Question) -> Asked {
+    let Some(reconcile) = &route.policy.reconcile else { return Asked::Unknown { retry_after: None } };
+    let deadline = Instant::now() + route.policy.wait;
+    // Registered before the lookup is tried, so that the end of a running one wakes us.
+    let watch = rt.store.watch(&question.record);
+    let token = OwnerToken::generate();
+    let lease = lookup_lease(rt, route);
+    match rt.store.begin_lookup(&question.record, &question.fingerprint, token, lease).await {
+        Ok(LookupStart::Moved) => Asked::Changed,
+        Ok(LookupStart::Busy { left }) => {
+            rt.metrics.waiting_duplicates.inc();
+            watch.changed(deadline.min(Instant::now() + left)).await;
+            rt.metrics.waiting_duplicates.dec();
+            Asked::Changed
+        }
+        Ok(LookupStart::Started { .. }) => {
+            // In a task of its own: if the client goes away, the lookup still ends and frees
+            // its token.
+            let (tx, rx) = oneshot::channel();
+            let (rt2, route2, reconcile) = (Arc::clone(rt), Arc::clone(route), reconcile.clone());
+            rt.exchanges.spawn(async move {
+                let _ = tx.send(ask(&rt2, &route2, &reconcile, &question, token).await);
+            });
+            match tokio::time::timeout_at(deadline, rx).await {
+                Ok(Ok(asked)) => asked,
+                _ => Asked::Unknown { retry_after: Some(lease.min(Duration::from_secs(5))) },
+            }
+        }
+        Err(e) => {
+            route.metrics.store_error();
+            tracing::debug!(route = %route.name, key = question.record.short(), error = %e, "cannot start a lookup");
+            Asked::Unknown { retry_after: None }
+        }
+    }
+}
+
+/// The gateway that lost an answer asks by itself, `after` the outcome became unknown, and
+/// again while the answer is too early to trust or the lookup fails (a few times, further
+/// apart). Stops at shutdown; retries then ask.
+pub fn later(rt: &Arc<Runtime>, route: &Arc<IdempotentRoute>, question: Question) {
+    let Some(reconcile) = route.policy.reconcile.clone() else { return };
+    let Some(after) = reconcile.after else { return };
+    let (rt, route) = (Arc::clone(rt), Arc::clone(route));
+    // Not tracked with the exchanges: a pause must not hold shutdown for its grace period.
+    tokio::spawn(async move {
+        let mut pause = after;
+        for _ in 0..BACKGROUND_TRIES {
+            tokio::select! {
+                () = tokio::time::sleep(pause) => {}
+                () = rt.abandon.cancelled() => return,
+            }
+            let token = OwnerToken::generate();
+            let lease = lookup_lease(&rt, &route);
+            let started = rt.store.begin_lookup(&question.record, &question.fingerprint, token, lease).await;
+            pause = match started {
+                Ok(LookupStart::Moved) => return,
+                // Another gateway is asking; look again once it must have finished.
+                Ok(LookupStart::Busy { left }) => left + TRUST_MARGIN,
+                Err(_) => (pause * 2).clamp(Duration::from_secs(1), MAX_PAUSE),
+                Ok(LookupStart::Started { .. }) => match ask(&rt, &route, &reconcile, &question, token).await {
+                    Asked::Found(_) | Asked::Changed => return,
+                    Asked::Unknown { retry_after: Some(left) } => left + TRUST_MARGIN,
+                    Asked::Unknown { retry_after: None } => (pause * 2).clamp(Duration::from_secs(1), MAX_PAUSE),
+                },
+            };
+        }
+    });
+}
+
+/// How long a lookup holds its key: its call, and a store call at each end.
+fn lookup_lease(rt: &Runtime, route: &IdempotentRoute) -> Duration {
+    route.upstream.timeout() + rt.store.call_timeout() * 2 + Duration::from_secs(1)
+}
+
+/// What the upstream's lookup answered.
+enum Answer {
+    Found(StoredResponse),
+    NotFound,
+    Failed(String),
+}
+
+/// Asks the upstream under `token` and writes what it said to the record.
+async fn ask(
+    rt: &Runtime,
+    route: &IdempotentRoute,
+    reconcile: &Reconcile,
+    question: &Question,
+    token: OwnerToken,
+) -> Asked {
+    let answer = call(route, reconcile, question).await;
+    let end = match &answer {
+        Answer::Found(response) => LookupEnd::Found { response, retention: route.policy.retention },
+        Answer::NotFound => LookupEnd::NotFound { ttl: route.policy.in_progress_ttl() },
+        Answer::Failed(_) => LookupEnd::Failed,
+    };
+    let (name, key) = (&route.name, question.record.short());
+    let ended = rt.store.end_lookup(&question.record, token, end).await;
+    let (result, asked) = match (answer, ended) {
+        (Answer::Found(response), Ok(LookupEnded::Done)) => {
+            tracing::info!(route = %name, key, status = response.status.as_u16(), "unknown outcome reconciled: the upstream had the answer");
+            (Reconciliation::Found, Asked::Found(response))
+        }
+        (Answer::NotFound, Ok(LookupEnded::Done)) => {
+            tracing::info!(route = %name, key, "unknown outcome reconciled: the upstream never ran it; released");
+            (Reconciliation::NotFound, Asked::Changed)
+        }
+        (Answer::NotFound, Ok(LookupEnded::TooEarly { left })) => {
+            tracing::debug!(route = %name, key, ?left, "the upstream has no answer yet, and may still be running the request");
+            (Reconciliation::TooEarly, Asked::Unknown { retry_after: Some(left) })
+        }
+        // An operator, or another lookup after this one's lease, settled it meanwhile.
+        (_, Ok(LookupEnded::Lost)) => return Asked::Changed,
+        (answer, Ok(_)) => {
+            let why = match answer {
+                Answer::Failed(why) => why,
+                _ => "the store refused the lookup's answer".to_owned(),
+            };
+            tracing::warn!(route = %name, key, reason = %why, "lookup of an unknown outcome failed; the key stays unknown");
+            (Reconciliation::Failed, Asked::Unknown { retry_after: None })
+        }
+        (_, Err(e)) => {
+            route.metrics.store_error();
+            tracing::warn!(route = %name, key, error = %e, "cannot write a lookup's answer; the key stays unknown until it is asked again");
+            (Reconciliation::Failed, Asked::Unknown { retry_after: None })
+        }
+    };
+    route.metrics.reconciled(result);
+    if matches!(result, Reconciliation::Found | Reconciliation::NotFound) {
+        // Best effort: a stale entry is dropped when the index is read.
+        let _ = rt.store.unindex(&IndexKey::new(rt.key_prefix(), &route.name), &question.record).await;
+    }
+    asked
+}
+
+/// Sends the lookup and reads its answer, within the upstream's timeout.
+async fn call(route: &IdempotentRoute, reconcile: &Reconcile, question: &Question) -> Answer {
+    let upstream = &route.upstream;
+    let Ok(uri) = reconcile.path.expand(&question.key).parse::<http::Uri>() else {
+        // Unreachable: the path was checked at load, and the key is percent-encoded.
+        return Answer::Failed("the lookup's path is not a valid URI".into());
+    };
+    let (mut parts, ()) = Request::new(()).into_parts();
+    parts.method = reconcile.method.clone();
+    parts.uri = uri;
+    parts.headers = question.headers.clone();
+    prepare(route, &mut parts, &question.peer);
+    let deadline = Instant::now() + upstream.timeout();
+    let request = Request::from_parts(parts, body::full(Bytes::new()));
+    let response = match tokio::time::timeout_at(deadline, upstream.send(request)).await {
+        Err(_) => return Answer::Failed(format!("no answer within {:?}", upstream.timeout())),
+        Ok(Err(e)) => return Answer::Failed(e.to_string()),
+        Ok(Ok(mut response)) => {
+            headers::strip_hop_by_hop(response.headers_mut());
+            response
+        }
+    };
+    let status = response.status();
+    let (parts, body) =
+        match tokio::time::timeout_at(deadline, capture::capture(response, route.policy.max_stored_body)).await {
+            Ok(Ok(Captured::Whole(parts, body))) => (parts, body),
+            Ok(Ok(Captured::TooLarge(..))) => {
+                return Answer::Failed(format!("a {status} answer larger than max_stored_body"));
+            }
+            Ok(Err(e)) => return Answer::Failed(format!("the answer broke off: {e}")),
+            Err(_) => return Answer::Failed(format!("no whole answer within {:?}", upstream.timeout())),
+        };
+    if reconcile.found.contains(status) {
+        let headers = headers::storable(&parts.headers, &route.policy.stored_headers);
+        return Answer::Found(StoredResponse { status: reconcile.answer_status.unwrap_or(status), headers, body });
+    }
+    if reconcile.not_found.contains(status) {
+        return Answer::NotFound;
+    }
+    Answer::Failed(format!("the lookup answered {status}, neither found nor not_found"))
+}
+
+/// The lookup's head as the upstream gets it, like any forwarded request's.
+fn prepare(route: &IdempotentRoute, parts: &mut request::Parts, peer: &Peer) {
+    route.upstream.prepare(parts, peer);
+}
