@@ -17,7 +17,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::context::Ctx;
-use crate::metrics::ReleaseReason;
+use crate::metrics::{GaugeHold, ReleaseReason};
 use crate::policy::fingerprint::Fingerprint;
 use crate::runtime::{Route, Runtime};
 use crate::store::{Claim, Lease, OwnerToken, RecordKey, Sent, Settled, Store, StoreError, Watch};
@@ -64,9 +64,8 @@ async fn claim_or_wait(rt: &Runtime, ctx: &Ctx<'_>, fingerprint: &Fingerprint) -
             return Ok(claim);
         }
         if let Some(watch) = watch.take() {
-            rt.metrics.waiting_duplicates.inc();
+            let _waiting = GaugeHold::new(&rt.metrics.waiting_duplicates);
             watch.changed(deadline.min(now + lease_left)).await;
-            rt.metrics.waiting_duplicates.dec();
         }
         watch = Some(store.watch(record));
         claim = match claim_once().await {

@@ -43,7 +43,7 @@ use super::capture::{self, Captured};
 use crate::body;
 use crate::forwarded::Peer;
 use crate::headers;
-use crate::metrics::Reconciliation;
+use crate::metrics::{GaugeHold, Reconciliation};
 use crate::policy::fingerprint::Fingerprint;
 use crate::policy::key::IdempotencyKey;
 use crate::policy::reconcile::Reconcile;
@@ -123,9 +123,8 @@ pub async fn on_retry(rt: &Arc<Runtime>, route: &Arc<IdempotentRoute>, question:
     match rt.store.begin_lookup(&question.record, &question.fingerprint, token, lease).await {
         Ok(LookupStart::Moved) => Asked::Changed,
         Ok(LookupStart::Busy { left }) => {
-            rt.metrics.waiting_duplicates.inc();
+            let _waiting = GaugeHold::new(&rt.metrics.waiting_duplicates);
             watch.changed(deadline.min(Instant::now() + left)).await;
-            rt.metrics.waiting_duplicates.dec();
             Asked::Changed
         }
         Ok(LookupStart::Started { .. }) => {

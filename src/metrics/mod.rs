@@ -152,6 +152,24 @@ impl Default for Metrics {
     }
 }
 
+/// One unit of a gauge, held until dropped: the gauge comes down on every path, also when the
+/// future holding it is dropped (a client that hangs up while it waits).
+pub struct GaugeHold(Gauge);
+
+impl GaugeHold {
+    /// Raises `gauge` by one until the hold is dropped.
+    pub fn new(gauge: &Gauge) -> Self {
+        gauge.inc();
+        Self(gauge.clone())
+    }
+}
+
+impl Drop for GaugeHold {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 impl Metrics {
     /// Sets the count of records held as unknown on `route`.
     pub fn set_unknown_records(&self, route: &str, count: u64) {
