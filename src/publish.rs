@@ -64,6 +64,21 @@ fn fingerprint(policy: &IdempotencyPolicy) -> String {
     out
 }
 
+/// What a retry gets after a request was sent and no complete answer came back.
+fn unknown_outcome(policy: &IdempotencyPolicy) -> String {
+    match (policy.on_unknown_outcome, &policy.reconcile) {
+        (UnknownOutcomePolicy::Hold, None) => "held: retries get 502 `outcome-unknown` and are not run again".into(),
+        (UnknownOutcomePolicy::Hold, Some(_)) => format!(
+            "settled by retrying with the same key: the gateway asks the API what became of the request, and \
+             the retry gets the original answer (marked `{}: true` and `Idempotency-Status: reconciled`) or, \
+             if the request never ran, runs it. Until that is known, a retry gets 502 `outcome-unknown` and is \
+             not run; a `Retry-After` on that answer says when to retry",
+            policy.replay_header
+        ),
+        (UnknownOutcomePolicy::Release, _) => "released: a retry runs again (the API deduplicates on the key)".into(),
+    }
+}
+
 fn size(bytes: usize) -> String {
     bytesize::ByteSize(bytes as u64).display().iec().to_string()
 }
@@ -111,15 +126,7 @@ pub fn markdown(routes: &[RouteConfig]) -> String {
             "stored statuses",
             format!("{}; any other status releases the key, and a retry runs again", p.store_statuses.describe()),
         );
-        row(
-            "outcome unknown (sent, no complete answer)",
-            match p.on_unknown_outcome {
-                UnknownOutcomePolicy::Hold => "held: retries get 502 `outcome-unknown` and are not run again".into(),
-                UnknownOutcomePolicy::Release => {
-                    "released: a retry runs again (the API deduplicates on the key)".into()
-                }
-            },
-        );
+        row("outcome unknown (sent, no complete answer)", unknown_outcome(p));
         row(
             "store unavailable",
             match p.on_store_error {
@@ -187,4 +194,78 @@ fn policy_json(p: &IdempotencyPolicy) -> Value {
         "attempt_header": p.attempt_header.as_ref().map(|h| h.as_str().to_owned()),
         "replay_header": p.replay_header.as_str(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+
+    /// Three routes that differ only in what becomes of an unknown outcome.
+    fn routes() -> Vec<crate::config::RouteConfig> {
+        let route = |name: &str, policy: &str| {
+            format!(
+                "\n[[routes]]\nname = \"{name}\"\nmethods = [\"POST\"]\npath = \"/{name}\"\nupstream = \"app\"\n\n\
+                 [routes.idempotency]\n{policy}\n"
+            )
+        };
+        let toml = format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\n\n[store]\nbackend = \"memory\"\n\n[upstreams.app]\nurl = \
+             \"http://127.0.0.1:9\"\n{}{}{}",
+            route("held", ""),
+            route("released", "on_unknown_outcome = \"release\""),
+            route("asked", "[routes.idempotency.reconcile]\npath = \"/asked/lookup?key={key}\""),
+        );
+        Config::from_toml(&toml, "<test>").unwrap().routes
+    }
+
+    fn section<'a>(markdown: &'a str, route: &str) -> &'a str {
+        let start = markdown.find(&format!("(route `{route}`)")).unwrap();
+        let end = markdown[start..].find("\n## ").map_or(markdown.len(), |i| start + i);
+        &markdown[start..end]
+    }
+
+    const ROW: &str = "| outcome unknown (sent, no complete answer) | ";
+
+    #[test]
+    fn routes_without_reconcile_publish_their_unknown_outcome_as_before() {
+        let markdown = super::markdown(&routes());
+        assert!(
+            section(&markdown, "held")
+                .contains(&format!("{ROW}held: retries get 502 `outcome-unknown` and are not run again |\n")),
+            "{markdown}"
+        );
+        assert!(
+            section(&markdown, "released")
+                .contains(&format!("{ROW}released: a retry runs again (the API deduplicates on the key) |\n")),
+            "{markdown}"
+        );
+        // Apart from their names, the two held routes publish the same table but for that row.
+        let rows = |route: &str| -> Vec<String> {
+            section(&markdown, route).lines().skip(1).map(|l| l.replace(&format!("/{route}"), "/R")).collect()
+        };
+        let (held, asked) = (rows("held"), rows("asked"));
+        assert_eq!(held.len(), asked.len());
+        let differ: Vec<_> = held.iter().zip(&asked).filter(|(a, b)| a != b).collect();
+        assert_eq!(differ.len(), 1, "{differ:?}");
+        assert!(differ[0].0.starts_with(ROW));
+    }
+
+    #[test]
+    fn a_route_that_reconciles_tells_clients_to_retry_with_the_same_key() {
+        let markdown = super::markdown(&routes());
+        let asked = section(&markdown, "asked");
+        let row = asked.lines().find(|l| l.starts_with(ROW)).unwrap();
+        for needle in [
+            "settled by retrying with the same key",
+            "the original answer",
+            "`idempotent-replay: true` and `Idempotency-Status: reconciled`",
+            "if the request never ran, runs it",
+            "502 `outcome-unknown`",
+            "`Retry-After`",
+        ] {
+            assert!(row.contains(needle), "missing {needle:?} in {row}");
+        }
+        // Nothing about how the gateway asks (the lookup's path is the API's business).
+        assert!(!asked.contains("/asked/lookup"), "{asked}");
+    }
 }
