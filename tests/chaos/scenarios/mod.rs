@@ -5,6 +5,7 @@ mod disconnect;
 mod failover;
 mod flaky_upstream;
 mod lease;
+mod lost_answers;
 mod redis_blip;
 mod redis_down;
 mod redis_loss;
@@ -37,4 +38,8 @@ pub const ALL: &[(&str, Scenario)] = &[
     ("13 cluster slots MIGRATING for 2s under small and 20 KiB answers", || Box::pin(reshard::run())),
     ("14 cluster primary killed while the upstream answers", || Box::pin(failover::cluster())),
     ("15 sentinel primary killed while the upstream answers", || Box::pin(failover::sentinel())),
+    (
+        "16 upstream drops after executing, before executing, times out while executing; 2 gateways, reconcile on and off",
+        || Box::pin(lost_answers::run()),
+    ),
 ];
