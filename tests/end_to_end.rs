@@ -6,7 +6,7 @@ mod support;
 use std::time::Duration;
 
 use order_service::Database;
-use support::client::Client;
+use support::client::{Client, Reply};
 use support::gateway::TestGateway;
 use support::redis::RedisServer;
 use tokio::net::TcpListener;
@@ -75,19 +75,31 @@ fn order(user: &str, sku: &str, quantity: u32) -> String {
     format!(r#"{{"user_id":"{user}","sku":"{sku}","quantity":{quantity}}}"#)
 }
 
+/// POST /orders as `user`: the order service takes the caller from `Authorization: Bearer`
+/// (and refuses a body `user_id` that disagrees); the gateway scopes keys by the same header.
+async fn post_order(client: &Client, user: &str, key: Option<&str>, body: &str) -> Reply {
+    client.post_json_as("/orders", key, Some(&format!("Bearer {user}")), body).await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_original_scenario() {
     let stack = Stack::start().await;
     let client = stack.client();
 
     // First POST creates the order.
-    let first = client.post_json("/orders", Some("\"checkout-1\""), &order("u1", "BOOK-42", 1)).await;
+    let first = post_order(&client, "u1", Some("\"checkout-1\""), &order("u1", "BOOK-42", 1)).await;
     assert_eq!(first.status, 201);
     assert_eq!(first.json()["status"], "created");
     assert_eq!(stack.rows().await, 1);
 
+    // A client that lost that answer can ask for it through the pass-through route.
+    let lookup =
+        client.get("/orders/lookup", &[("authorization", "Bearer u1"), ("idempotency-key", "\"checkout-1\"")]).await;
+    assert_eq!(lookup.status, 200);
+    assert_eq!(lookup.body, first.body);
+
     // The same POST again: the same body, marked as a replay, no new row.
-    let again = client.post_json("/orders", Some("\"checkout-1\""), &order("u1", "BOOK-42", 1)).await;
+    let again = post_order(&client, "u1", Some("\"checkout-1\""), &order("u1", "BOOK-42", 1)).await;
     assert_eq!(again.status, 201);
     assert_eq!(again.body, first.body);
     assert!(again.is_replay());
@@ -95,20 +107,20 @@ async fn the_original_scenario() {
     assert_eq!(stack.rows().await, 1);
 
     // The same key with another body.
-    let other = client.post_json("/orders", Some("\"checkout-1\""), &order("u1", "BOOK-42", 5)).await;
+    let other = post_order(&client, "u1", Some("\"checkout-1\""), &order("u1", "BOOK-42", 5)).await;
     assert_eq!(other.status, 422);
     assert_eq!(stack.rows().await, 1);
 
     // No key.
-    let none = client.post_json("/orders", None, &order("u1", "BOOK-42", 1)).await;
+    let none = post_order(&client, "u1", None, &order("u1", "BOOK-42", 1)).await;
     assert_eq!(none.status, 400);
     assert_eq!(stack.rows().await, 1);
 
     // Two concurrent submissions with one key: one order.
     let pen = order("u1", "PEN-7", 3);
     let (a, b) = tokio::join!(
-        client.post_json("/orders", Some("\"checkout-2\""), &pen),
-        client.post_json("/orders", Some("\"checkout-2\""), &pen),
+        post_order(&client, "u1", Some("\"checkout-2\""), &pen),
+        post_order(&client, "u1", Some("\"checkout-2\""), &pen),
     );
     assert_eq!((a.status.as_u16(), b.status.as_u16()), (201, 201));
     assert_eq!(a.body, b.body);
@@ -125,13 +137,13 @@ async fn redis_flushed_between_two_identical_requests_is_caught_by_the_backstop(
     let stack = Stack::start().await;
     let client = stack.client();
     let body = order("u2", "LAMP-3", 2);
-    let first = client.post_json("/orders", Some("\"lost-record\""), &body).await;
+    let first = post_order(&client, "u2", Some("\"lost-record\""), &body).await;
     assert_eq!(first.status, 201);
 
     // The gateway's record is gone (Redis restarted without persistence, failover, FLUSHALL).
     let _: () = ::redis::cmd("FLUSHALL").query(&mut stack.redis.connection()).unwrap();
 
-    let retry = client.post_json("/orders", Some("\"lost-record\""), &body).await;
+    let retry = post_order(&client, "u2", Some("\"lost-record\""), &body).await;
     assert_eq!(retry.status, 201);
     assert_eq!(retry.body, first.body, "the backstop answers with the original order");
     assert_eq!(retry.header("idempotency-backstop"), Some("hit"));
@@ -139,7 +151,7 @@ async fn redis_flushed_between_two_identical_requests_is_caught_by_the_backstop(
     assert_eq!(stack.rows().await, 1, "one row only");
 
     // The backstop's answer was stored: the next retry is a gateway replay again.
-    let third = client.post_json("/orders", Some("\"lost-record\""), &body).await;
+    let third = post_order(&client, "u2", Some("\"lost-record\""), &body).await;
     assert!(third.is_replay());
     assert_eq!(third.body, first.body);
     let stats = client.get("/stats", &[]).await.json();
@@ -150,12 +162,12 @@ async fn redis_flushed_between_two_identical_requests_is_caught_by_the_backstop(
 async fn redis_restarted_empty_then_a_different_body_is_refused_by_the_backstop() {
     let stack = Stack::start().await;
     let client = stack.client();
-    assert_eq!(client.post_json("/orders", Some("k"), &order("u3", "MUG", 1)).await.status, 201);
+    assert_eq!(post_order(&client, "u3", Some("k"), &order("u3", "MUG", 1)).await.status, 201);
     stack.redis.restart();
     // The gateway reconnects by itself; the backstop sees the key reused with another payload.
     let mut status = 0;
     for _ in 0..100 {
-        status = client.post_json("/orders", Some("k"), &order("u3", "MUG", 4)).await.status.as_u16();
+        status = post_order(&client, "u3", Some("k"), &order("u3", "MUG", 4)).await.status.as_u16();
         if status != 503 {
             break;
         }

@@ -7,12 +7,13 @@ use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{Path, State};
 use axum::http::header::CONTENT_TYPE;
-use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{Map, Value, json};
 
+use crate::auth::{self, User};
 use crate::db::{Database, Insert, NewOrder, Order};
 use crate::error::ApiError;
 use crate::key;
@@ -31,6 +32,8 @@ pub fn router(db: Database) -> Router {
     let state = AppState { db, backstop_hits: Arc::new(AtomicU64::new(0)) };
     Router::new()
         .route("/orders", post(create_order))
+        // A literal segment outranks `{id}` in axum's router, whatever the order here.
+        .route("/orders/lookup", get(lookup_order))
         .route("/orders/{id}", get(get_order))
         .route("/healthz", get(healthz))
         .route("/stats", get(stats))
@@ -41,9 +44,19 @@ pub fn router(db: Database) -> Router {
 /// The success body is a pure function of the order id, so a replay produced from the
 /// stored row is byte-identical to the response the first request got.
 fn created(order_id: i64) -> Response {
+    order_response(StatusCode::CREATED, order_id)
+}
+
+/// A lookup answers with the create's body, so a client that lost the create's response
+/// gets the very bytes it would have read, only with 200 instead of 201.
+fn found(order_id: i64) -> Response {
+    order_response(StatusCode::OK, order_id)
+}
+
+fn order_response(status: StatusCode, order_id: i64) -> Response {
     let body = format!(r#"{{"order_id": {order_id}, "status": "created"}}"#);
     let content_type = HeaderValue::from_static("application/json");
-    (StatusCode::CREATED, [(CONTENT_TYPE, content_type)], body).into_response()
+    (status, [(CONTENT_TYPE, content_type)], body).into_response()
 }
 
 async fn create_order(
@@ -51,10 +64,12 @@ async fn create_order(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
+    // Who asks comes first: an anonymous caller learns nothing about keys or payloads.
+    let user = auth::from_headers(&headers)?;
     let idem_key = key::from_headers(&headers)?;
     let body =
         body.map_err(|rejection| ApiError::Body { status: rejection.status(), message: rejection.body_text() })?;
-    let order = parse_order(&body, idem_key)?;
+    let order = parse_order(&body, &user, idem_key)?;
 
     match state.db.insert_or_fetch(&order).await? {
         Insert::Created(id) => Ok(created(id)),
@@ -84,17 +99,27 @@ async fn create_order(
     }
 }
 
-fn parse_order(body: &[u8], idem_key: String) -> Result<NewOrder, ApiError> {
+/// The order is always stored under the authenticated `user`. A `user_id` in the body is
+/// only a claim, checked after the body is known to be well-formed, so that a malformed
+/// request gets the same 400 whoever sends it.
+fn parse_order(body: &[u8], user: &User, idem_key: String) -> Result<NewOrder, ApiError> {
     let value: Value = serde_json::from_slice(body).map_err(|e| ApiError::MalformedJson(e.to_string()))?;
     let Value::Object(fields) = value else {
         return Err(ApiError::NotAnObject);
     };
-    Ok(NewOrder {
-        user_id: text_field(&fields, "user_id")?,
-        sku: text_field(&fields, "sku")?,
-        quantity: quantity_field(&fields)?,
-        idem_key,
-    })
+    let claimed_user = optional_text_field(&fields, "user_id")?;
+    let sku = text_field(&fields, "sku")?;
+    let quantity = quantity_field(&fields)?;
+    if claimed_user.is_some_and(|claimed| claimed != user.as_str()) {
+        return Err(ApiError::UserMismatch);
+    }
+    Ok(NewOrder { user_id: user.as_str().to_owned(), sku, quantity, idem_key })
+}
+
+/// Absent is fine; present must still be a valid text field (`null` included: a client that
+/// sends the field means something by it).
+fn optional_text_field(fields: &Map<String, Value>, field: &'static str) -> Result<Option<String>, ApiError> {
+    if fields.contains_key(field) { text_field(fields, field).map(Some) } else { Ok(None) }
 }
 
 /// Blank strings and NUL are refused here because Postgres rejects NUL in TEXT with an
@@ -115,14 +140,28 @@ fn quantity_field(fields: &Map<String, Value>) -> Result<i64, ApiError> {
     }
 }
 
+/// The caller's order for an idempotency key: what a client asks after losing the create's
+/// response, without risking a second order. Another user's key is a 404, like a key
+/// nobody used, so a lookup never reveals that someone else holds it.
+async fn lookup_order(State(state): State<AppState>, headers: HeaderMap, uri: Uri) -> Result<Response, ApiError> {
+    let user = auth::from_headers(&headers)?;
+    let idem_key = key::for_lookup(&headers, uri.query())?;
+    let order = state.db.by_key(user.as_str(), &idem_key).await?.ok_or(ApiError::NotFound)?;
+    Ok(found(order.id))
+}
+
+/// Scoped like the lookup: another user's order is a 404, not a 403, so ids do not reveal
+/// which orders exist.
 async fn get_order(
     State(state): State<AppState>,
+    headers: HeaderMap,
     id: Result<Path<i64>, PathRejection>,
 ) -> Result<Json<Order>, ApiError> {
+    let user = auth::from_headers(&headers)?;
     let Ok(Path(id)) = id else {
         return Err(ApiError::InvalidOrderId);
     };
-    state.db.order(id).await?.map(Json).ok_or(ApiError::NotFound)
+    state.db.order(user.as_str(), id).await?.map(Json).ok_or(ApiError::NotFound)
 }
 
 async fn healthz() -> Json<Value> {
@@ -143,17 +182,38 @@ async fn no_route() -> ApiError {
 mod tests {
     use super::*;
 
+    fn alice() -> User {
+        match auth::parse("Bearer alice") {
+            Ok(user) => user,
+            Err(err) => panic!("alice rejected: {err}"),
+        }
+    }
+
     fn quantity(body: &str) -> Result<i64, ApiError> {
-        parse_order(body.as_bytes(), "k".into()).map(|o| o.quantity)
+        parse_order(body.as_bytes(), &alice(), "k".into()).map(|o| o.quantity)
     }
 
     #[test]
     fn quantity_must_be_a_positive_i64() {
-        let ok = |q: &str| format!(r#"{{"user_id":"u","sku":"s","quantity":{q}}}"#);
+        let ok = |q: &str| format!(r#"{{"user_id":"alice","sku":"s","quantity":{q}}}"#);
         assert_eq!(quantity(&ok("1")).ok(), Some(1));
         assert_eq!(quantity(&ok("9223372036854775807")).ok(), Some(i64::MAX));
         for bad in ["0", "-1", "-0", "1.0", "1.5", "1e2", "\"3\"", "null", "true", "9223372036854775808", "1e400"] {
             assert!(quantity(&ok(bad)).is_err(), "quantity {bad} accepted");
         }
+    }
+
+    #[test]
+    fn the_order_belongs_to_the_bearer_and_the_body_may_only_agree() {
+        let user_of = |body: &str| parse_order(body.as_bytes(), &alice(), "k".into()).map(|o| o.user_id);
+        assert_eq!(user_of(r#"{"sku":"s","quantity":1}"#).ok().as_deref(), Some("alice"));
+        assert_eq!(user_of(r#"{"user_id":"alice","sku":"s","quantity":1}"#).ok().as_deref(), Some("alice"));
+        for other in ["bob", "Alice", "alice ", " alice"] {
+            let body = serde_json::json!({ "user_id": other, "sku": "s", "quantity": 1 }).to_string();
+            assert!(matches!(user_of(&body), Err(ApiError::UserMismatch)), "{other:?}");
+        }
+        // Malformed beats mismatched: the 400 does not depend on who asks.
+        assert!(matches!(user_of(r#"{"user_id":"bob","sku":"","quantity":1}"#), Err(ApiError::InvalidField { .. })));
+        assert!(matches!(user_of(r#"{"user_id":null,"sku":"s","quantity":1}"#), Err(ApiError::InvalidField { .. })));
     }
 }

@@ -79,7 +79,7 @@ mod sqlite {
         FROM orders WHERE user_id = ?1 AND idem_key = ?2";
     pub const BY_ID: &str = "
         SELECT id, user_id, idem_key, sku, quantity, created_at
-        FROM orders WHERE id = ?1";
+        FROM orders WHERE id = ?1 AND user_id = ?2";
 }
 
 mod postgres {
@@ -107,7 +107,7 @@ mod postgres {
     pub const BY_ID: &str = "
         SELECT id, user_id, idem_key, sku, quantity,
                to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')
-        FROM orders WHERE id = $1";
+        FROM orders WHERE id = $1 AND user_id = $2";
 }
 
 impl Database {
@@ -195,7 +195,9 @@ impl Database {
         })
     }
 
-    async fn by_key(&self, user_id: &str, idem_key: &str) -> Result<Option<Order>, DbError> {
+    /// The order `user_id` created with `idem_key`, if any. The same lookup the backstop
+    /// uses, so it finds exactly the row a repeated POST would be answered from.
+    pub async fn by_key(&self, user_id: &str, idem_key: &str) -> Result<Option<Order>, DbError> {
         let row: Option<OrderRow> = match self {
             Self::Sqlite(pool) => {
                 sqlx::query_as(sqlite::BY_KEY).bind(user_id).bind(idem_key).fetch_optional(pool).await?
@@ -207,10 +209,12 @@ impl Database {
         Ok(row.map(Order::from))
     }
 
-    pub async fn order(&self, id: i64) -> Result<Option<Order>, DbError> {
+    /// Order `id` if `user_id` owns it. The owner is part of the query, not checked
+    /// afterwards, so another user's order is indistinguishable from a missing one.
+    pub async fn order(&self, user_id: &str, id: i64) -> Result<Option<Order>, DbError> {
         let row: Option<OrderRow> = match self {
-            Self::Sqlite(pool) => sqlx::query_as(sqlite::BY_ID).bind(id).fetch_optional(pool).await?,
-            Self::Postgres(pool) => sqlx::query_as(postgres::BY_ID).bind(id).fetch_optional(pool).await?,
+            Self::Sqlite(pool) => sqlx::query_as(sqlite::BY_ID).bind(id).bind(user_id).fetch_optional(pool).await?,
+            Self::Postgres(pool) => sqlx::query_as(postgres::BY_ID).bind(id).bind(user_id).fetch_optional(pool).await?,
         };
         Ok(row.map(Order::from))
     }

@@ -1,7 +1,8 @@
 //! Error types and their single mapping to HTTP responses.
 
 use axum::Json;
-use axum::http::StatusCode;
+use axum::http::header::WWW_AUTHENTICATE;
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
@@ -29,8 +30,18 @@ pub enum Error {
 /// Everything a request handler can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
+    /// No bearer credentials at all (no header, or another scheme).
+    #[error("{0}")]
+    MissingBearer(&'static str),
+    /// Bearer credentials that cannot name a user.
+    #[error("{0}")]
+    InvalidBearer(&'static str),
+    #[error("user_id in the body does not match the authenticated user")]
+    UserMismatch,
     #[error("missing Idempotency-Key header")]
     MissingKey,
+    #[error("missing Idempotency-Key header or key query parameter")]
+    MissingLookupKey,
     #[error("{0}")]
     InvalidKey(&'static str),
     #[error("{message}")]
@@ -56,7 +67,10 @@ pub enum ApiError {
 impl ApiError {
     fn status(&self) -> StatusCode {
         match self {
+            Self::MissingBearer(_) | Self::InvalidBearer(_) => StatusCode::UNAUTHORIZED,
+            Self::UserMismatch => StatusCode::FORBIDDEN,
             Self::MissingKey
+            | Self::MissingLookupKey
             | Self::InvalidKey(_)
             | Self::MalformedJson(_)
             | Self::NotAnObject
@@ -67,6 +81,16 @@ impl ApiError {
             Self::NotFound | Self::NoRoute => StatusCode::NOT_FOUND,
             Self::Db(DbError::Sqlx(sqlx::Error::PoolTimedOut)) => StatusCode::SERVICE_UNAVAILABLE,
             Self::Db(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// RFC 6750 §3: a 401 names the scheme it wants; `invalid_token` tells a client that
+    /// sent credentials that sending the same ones again will not help.
+    fn challenge(&self) -> Option<HeaderValue> {
+        match self {
+            Self::MissingBearer(_) => Some(HeaderValue::from_static("Bearer")),
+            Self::InvalidBearer(_) => Some(HeaderValue::from_static(r#"Bearer error="invalid_token""#)),
+            _ => None,
         }
     }
 }
@@ -83,11 +107,16 @@ impl IntoResponse for ApiError {
             Self::InvalidField { field, .. } => {
                 json!({ "error": self.to_string(), "field": field })
             }
+            Self::UserMismatch => json!({ "error": self.to_string(), "field": "user_id" }),
             Self::KeyReused { order_id } => {
                 json!({ "error": self.to_string(), "order_id": order_id })
             }
             _ => json!({ "error": self.to_string() }),
         };
-        (status, Json(body)).into_response()
+        let mut response = (status, Json(body)).into_response();
+        if let Some(challenge) = self.challenge() {
+            response.headers_mut().insert(WWW_AUTHENTICATE, challenge);
+        }
+        response
     }
 }

@@ -5,8 +5,12 @@
 //! request with the same key and payload gets the original response again, a repeated
 //! key with a different payload gets 422, and neither creates a second row.
 //!
+//! Every order belongs to the caller named by `Authorization: Bearer <user>` (the demo's
+//! stand-in for authentication): creates, the backstop and lookups are all scoped to it.
+//!
 //! Modules:
 //! - [`api`]: routes, request validation, response shapes and the backstop counter.
+//! - [`auth`]: the caller, from the bearer token.
 //! - [`db`]: connecting to SQLite or Postgres, schema creation, insert-or-fetch.
 //! - [`error`]: error enums and their single mapping to HTTP responses.
 //! - [`key`]: `Idempotency-Key` normalisation (RFC 8941 sf-string or bare value).
@@ -15,6 +19,7 @@
 //! can start it in-process on port 0.
 
 pub mod api;
+pub mod auth;
 pub mod db;
 pub mod error;
 pub mod key;

@@ -54,7 +54,7 @@ async fn signal_and_wait(child: &mut Child, signal: &str) {
 async fn serves_then_exits_cleanly(url: &str, signal: &str) {
     let (mut child, addr) = spawn(url).await;
     let client = HttpClient::new(addr);
-    let res = client.post_order(Some("cli-1"), &order_json("frank", "SKU-3", 4)).await;
+    let res = client.post_order("frank", Some("cli-1"), &order_json("frank", "SKU-3", 4)).await;
     assert_eq!(res.status, StatusCode::CREATED, "{}", res.text());
     signal_and_wait(&mut child, signal).await;
     assert_eq!(rows(url).await.len(), 1);

@@ -3,7 +3,7 @@
 
 mod common;
 
-use axum::http::StatusCode;
+use axum::http::{Method, StatusCode};
 use std::time::Duration;
 
 use common::{InsertBlocker, Row, Service, order_json, rows};
@@ -18,6 +18,15 @@ on_both_backends!(
     validation_failures_are_400,
     malformed_json_is_400,
     get_order_and_404,
+    get_order_is_scoped_to_the_caller,
+    post_without_bearer_is_401,
+    body_user_id_must_match_the_bearer,
+    create_then_lookup_is_byte_identical,
+    lookup_is_scoped_to_the_caller,
+    lookup_of_an_unknown_key_is_404,
+    lookup_needs_a_bearer_and_a_key,
+    lookup_by_query_parameter,
+    hostile_query_keys_are_just_keys,
     concurrent_duplicates_create_one_row,
     shutdown_future_stops_the_server,
     shutdown_finishes_in_flight_request,
@@ -29,7 +38,7 @@ fn row(id: i64, user_id: &str, idem_key: &str, sku: &str, quantity: i64) -> Row 
 
 async fn create_stores_one_row(url: &str) {
     let svc = Service::start(url).await;
-    let res = svc.client.post_order(Some("k-1"), &order_json("alice", "SKU-1", 3)).await;
+    let res = svc.client.post_order("alice", Some("k-1"), &order_json("alice", "SKU-1", 3)).await;
     assert_eq!(res.status, StatusCode::CREATED, "{}", res.text());
     assert_eq!(res.header("content-type"), Some("application/json"));
     assert_eq!(res.header("idempotency-backstop"), None);
@@ -43,8 +52,8 @@ async fn create_stores_one_row(url: &str) {
 async fn replay_with_same_payload_hits_backstop(url: &str) {
     let svc = Service::start(url).await;
     let body = order_json("alice", "SKU-1", 3);
-    let first = svc.client.post_order(Some("k-1"), &body).await;
-    let again = svc.client.post_order(Some("k-1"), &body).await;
+    let first = svc.client.post_order("alice", Some("k-1"), &body).await;
+    let again = svc.client.post_order("alice", Some("k-1"), &body).await;
     assert_eq!(first.status, StatusCode::CREATED);
     assert_eq!(again.status, StatusCode::CREATED, "{}", again.text());
     assert_eq!(again.body, first.body, "replayed body must be byte-identical");
@@ -58,14 +67,14 @@ async fn replay_with_same_payload_hits_backstop(url: &str) {
 async fn quoted_and_bare_keys_are_the_same_key(url: &str) {
     let svc = Service::start(url).await;
     let body = order_json("alice", "SKU-1", 1);
-    let quoted = svc.client.post_order(Some(r#""k\"1\\x""#), &body).await;
+    let quoted = svc.client.post_order("alice", Some(r#""k\"1\\x""#), &body).await;
     assert_eq!(quoted.status, StatusCode::CREATED, "{}", quoted.text());
     let id = quoted.json()["order_id"].as_i64().expect("order_id");
     assert_eq!(rows(url).await, vec![row(id, "alice", r#"k"1\x"#, "SKU-1", 1)]);
 
-    let bare = svc.client.post_order(Some("plain"), &body).await;
+    let bare = svc.client.post_order("alice", Some("plain"), &body).await;
     assert_eq!(bare.status, StatusCode::CREATED);
-    let bare_again_quoted = svc.client.post_order(Some("\"plain\""), &body).await;
+    let bare_again_quoted = svc.client.post_order("alice", Some("\"plain\""), &body).await;
     assert_eq!(bare_again_quoted.status, StatusCode::CREATED);
     assert_eq!(bare_again_quoted.body, bare.body);
     assert_eq!(bare_again_quoted.header("idempotency-backstop"), Some("hit"));
@@ -75,10 +84,10 @@ async fn quoted_and_bare_keys_are_the_same_key(url: &str) {
 
 async fn reuse_with_different_payload_is_422(url: &str) {
     let svc = Service::start(url).await;
-    let first = svc.client.post_order(Some("k-1"), &order_json("alice", "SKU-1", 3)).await;
+    let first = svc.client.post_order("alice", Some("k-1"), &order_json("alice", "SKU-1", 3)).await;
     assert_eq!(first.status, StatusCode::CREATED);
     for changed in [order_json("alice", "SKU-2", 3), order_json("alice", "SKU-1", 4)] {
-        let res = svc.client.post_order(Some("k-1"), &changed).await;
+        let res = svc.client.post_order("alice", Some("k-1"), &changed).await;
         assert_eq!(res.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", res.text());
         assert_eq!(res.header("content-type"), Some("application/json"));
         assert!(res.json()["error"].is_string());
@@ -92,8 +101,8 @@ async fn reuse_with_different_payload_is_422(url: &str) {
 
 async fn keys_are_per_user(url: &str) {
     let svc = Service::start(url).await;
-    let a = svc.client.post_order(Some("shared"), &order_json("alice", "SKU-1", 1)).await;
-    let b = svc.client.post_order(Some("shared"), &order_json("bob", "SKU-1", 1)).await;
+    let a = svc.client.post_order("alice", Some("shared"), &order_json("alice", "SKU-1", 1)).await;
+    let b = svc.client.post_order("bob", Some("shared"), &order_json("bob", "SKU-1", 1)).await;
     assert_eq!((a.status, b.status), (StatusCode::CREATED, StatusCode::CREATED));
     assert_eq!(b.header("idempotency-backstop"), None);
     let (ida, idb) = (a.json()["order_id"].as_i64().unwrap(), b.json()["order_id"].as_i64().unwrap());
@@ -105,11 +114,11 @@ async fn keys_are_per_user(url: &str) {
 async fn missing_or_empty_key_is_400(url: &str) {
     let svc = Service::start(url).await;
     let body = order_json("alice", "SKU-1", 1);
-    let res = svc.client.post_order(None, &body).await;
+    let res = svc.client.post_order("alice", None, &body).await;
     assert_eq!(res.status, StatusCode::BAD_REQUEST);
     assert_eq!(res.json(), serde_json::json!({ "error": "missing Idempotency-Key header" }));
     for bad in ["", "\"\"", "\"unterminated", "two words", "\"a\";param=1"] {
-        let res = svc.client.post_order(Some(bad), &body).await;
+        let res = svc.client.post_order("alice", Some(bad), &body).await;
         assert_eq!(res.status, StatusCode::BAD_REQUEST, "key {bad:?}: {}", res.text());
         assert!(res.json()["error"].as_str().unwrap().contains("Idempotency-Key"), "{}", res.text());
     }
@@ -120,7 +129,6 @@ async fn missing_or_empty_key_is_400(url: &str) {
 async fn validation_failures_are_400(url: &str) {
     let svc = Service::start(url).await;
     let field_errors = [
-        ("user_id", r#"{"sku":"S","quantity":1}"#),
         ("user_id", r#"{"user_id":"","sku":"S","quantity":1}"#),
         ("user_id", r#"{"user_id":"  ","sku":"S","quantity":1}"#),
         ("user_id", r#"{"user_id":7,"sku":"S","quantity":1}"#),
@@ -141,7 +149,7 @@ async fn validation_failures_are_400(url: &str) {
         ("quantity", r#"{"user_id":"u","sku":"S","quantity":123456789012345678901234567890}"#),
     ];
     for (i, (field, body)) in field_errors.iter().enumerate() {
-        let res = svc.client.post_order(Some(&format!("v-{i}")), body).await;
+        let res = svc.client.post_order("u", Some(&format!("v-{i}")), body).await;
         assert_eq!(res.status, StatusCode::BAD_REQUEST, "{body}: {}", res.text());
         let err = res.json();
         assert_eq!(err["field"], *field, "{body}: {err}");
@@ -149,7 +157,7 @@ async fn validation_failures_are_400(url: &str) {
     }
     // Not objects at all; `1e400` is out of f64 range and may fail as JSON or as a field.
     for body in ["[]", "\"order\"", "42", "null", r#"{"user_id":"u","sku":"S","quantity":1e400}"#] {
-        let res = svc.client.post_order(Some("v-shape"), body).await;
+        let res = svc.client.post_order("u", Some("v-shape"), body).await;
         assert_eq!(res.status, StatusCode::BAD_REQUEST, "{body}: {}", res.text());
         assert!(res.json()["error"].is_string());
     }
@@ -160,7 +168,7 @@ async fn validation_failures_are_400(url: &str) {
 async fn malformed_json_is_400(url: &str) {
     let svc = Service::start(url).await;
     for body in ["", "{", "{\"user_id\": \"u\",}", "not json", "{\"user_id\":\"u\"} trailing", "\u{FEFF}{}"] {
-        let res = svc.client.post_order(Some("m"), body).await;
+        let res = svc.client.post_order("u", Some("m"), body).await;
         assert_eq!(res.status, StatusCode::BAD_REQUEST, "{body:?}: {}", res.text());
         assert_eq!(res.header("content-type"), Some("application/json"));
         assert!(res.json()["error"].is_string());
@@ -171,10 +179,10 @@ async fn malformed_json_is_400(url: &str) {
 
 async fn get_order_and_404(url: &str) {
     let svc = Service::start(url).await;
-    let created = svc.client.post_order(Some("g-1"), &order_json("carol", "SKU-9", 5)).await;
+    let created = svc.client.post_order("carol", Some("g-1"), &order_json("carol", "SKU-9", 5)).await;
     let id = created.json()["order_id"].as_i64().expect("order_id");
 
-    let res = svc.client.get(&format!("/orders/{id}")).await;
+    let res = svc.client.get_as("carol", &format!("/orders/{id}")).await;
     assert_eq!(res.status, StatusCode::OK, "{}", res.text());
     let order = res.json();
     assert_eq!(order["id"], id);
@@ -186,15 +194,224 @@ async fn get_order_and_404(url: &str) {
     assert!(created_at.len() == 24 && created_at.ends_with('Z') && created_at.as_bytes()[10] == b'T', "{created_at}");
 
     for path in [format!("/orders/{}", id + 1000), "/orders/-1".into(), "/nope".into()] {
-        let res = svc.client.get(&path).await;
+        let res = svc.client.get_as("carol", &path).await;
         assert_eq!(res.status, StatusCode::NOT_FOUND, "{path}");
         assert!(res.json()["error"].is_string());
     }
-    let res = svc.client.get("/orders/abc").await;
+    let res = svc.client.get_as("carol", "/orders/abc").await;
     assert_eq!(res.status, StatusCode::BAD_REQUEST);
     assert!(res.json()["error"].is_string());
 
     assert_eq!(svc.client.get("/healthz").await.status, StatusCode::OK);
+    svc.stop().await.expect("clean stop");
+}
+
+async fn get_order_is_scoped_to_the_caller(url: &str) {
+    let svc = Service::start(url).await;
+    let created = svc.client.post_order("carol", Some("g-1"), &order_json("carol", "SKU-9", 5)).await;
+    let id = created.json()["order_id"].as_i64().expect("order_id");
+    let path = format!("/orders/{id}");
+
+    // Another user's order looks exactly like one that does not exist.
+    let theirs = svc.client.get_as("mallory", &path).await;
+    let missing = svc.client.get_as("carol", &format!("/orders/{}", id + 1000)).await;
+    assert_eq!(theirs.status, StatusCode::NOT_FOUND, "{}", theirs.text());
+    assert_eq!(theirs.body, missing.body);
+
+    assert_unauthenticated(&svc.client.get(&path).await, "Bearer");
+    svc.stop().await.expect("clean stop");
+}
+
+async fn post_without_bearer_is_401(url: &str) {
+    let svc = Service::start(url).await;
+    let body = order_json("alice", "SKU-1", 1);
+    // No credentials, or credentials of another scheme: the client is told to use Bearer.
+    for auth in [None, Some("Basic YWxpY2U6c2VjcmV0"), Some("alice")] {
+        let res = svc.client.post_order_auth(auth, Some("a-1"), &body).await;
+        assert_unauthenticated(&res, "Bearer");
+    }
+    // Bearer credentials that cannot be a user id: `invalid_token`.
+    let too_long = format!("Bearer {}", "u".repeat(129));
+    for auth in ["Bearer", "Bearer ", "Bearer a b", "Bearer a\tb", too_long.as_str()] {
+        let res = svc.client.post_order_auth(Some(auth), Some("a-1"), &body).await;
+        assert_unauthenticated(&res, r#"Bearer error="invalid_token""#);
+    }
+    // Authentication comes before the key and the body are looked at.
+    let res = svc.client.post_order_auth(None, None, "not json").await;
+    assert_unauthenticated(&res, "Bearer");
+    assert_eq!(rows(url).await, vec![]);
+
+    // The scheme is case-insensitive, spaces before the token do not count, the longest
+    // user id fits.
+    let longest = "u".repeat(128);
+    for (i, (auth, user)) in
+        [("bearer alice", "alice"), ("BEARER   alice", "alice"), (&*format!("Bearer {longest}"), &*longest)]
+            .into_iter()
+            .enumerate()
+    {
+        let res = svc.client.post_order_auth(Some(auth), Some(&format!("ok-{i}")), &order_json(user, "SKU-1", 1)).await;
+        assert_eq!(res.status, StatusCode::CREATED, "{auth}: {}", res.text());
+    }
+    assert_eq!(rows(url).await.len(), 3);
+    svc.stop().await.expect("clean stop");
+}
+
+fn assert_unauthenticated(res: &common::Response, challenge: &str) {
+    assert_eq!(res.status, StatusCode::UNAUTHORIZED, "{}", res.text());
+    assert_eq!(res.header("www-authenticate"), Some(challenge));
+    assert_eq!(res.header("content-type"), Some("application/json"));
+    assert!(res.json()["error"].as_str().is_some_and(|e| !e.is_empty()), "{}", res.text());
+}
+
+async fn body_user_id_must_match_the_bearer(url: &str) {
+    let svc = Service::start(url).await;
+    let res = svc.client.post_order("alice", Some("m-1"), &order_json("bob", "SKU-1", 1)).await;
+    assert_eq!(res.status, StatusCode::FORBIDDEN, "{}", res.text());
+    assert_eq!(res.header("content-type"), Some("application/json"));
+    assert_eq!(
+        res.json(),
+        serde_json::json!({ "error": "user_id in the body does not match the authenticated user", "field": "user_id" })
+    );
+    assert_eq!(rows(url).await, vec![], "nothing inserted");
+
+    // Without user_id the order is the bearer's; with a matching one it is the same request,
+    // so the second is a backstop replay of the first.
+    let without = svc.client.post_order("alice", Some("m-1"), r#"{"sku":"SKU-1","quantity":1}"#).await;
+    assert_eq!(without.status, StatusCode::CREATED, "{}", without.text());
+    let with = svc.client.post_order("alice", Some("m-1"), &order_json("alice", "SKU-1", 1)).await;
+    assert_eq!(with.status, StatusCode::CREATED, "{}", with.text());
+    assert_eq!(with.body, without.body);
+    assert_eq!(with.header("idempotency-backstop"), Some("hit"));
+    let id = without.json()["order_id"].as_i64().expect("order_id");
+    assert_eq!(rows(url).await, vec![row(id, "alice", "m-1", "SKU-1", 1)]);
+    svc.stop().await.expect("clean stop");
+}
+
+async fn create_then_lookup_is_byte_identical(url: &str) {
+    let svc = Service::start(url).await;
+    let created = svc.client.post_order("alice", Some("\"look-1\""), &order_json("alice", "SKU-1", 2)).await;
+    assert_eq!(created.status, StatusCode::CREATED, "{}", created.text());
+    // Both spellings of the key, as POST accepts them.
+    for key in ["\"look-1\"", "look-1"] {
+        let res = svc.client.lookup("alice", key).await;
+        assert_eq!(res.status, StatusCode::OK, "{key}: {}", res.text());
+        assert_eq!(res.body, created.body, "the create's body, byte for byte");
+        assert_eq!(res.header("content-type"), Some("application/json"));
+        assert_eq!(res.header("idempotency-backstop"), None);
+    }
+    assert_eq!(rows(url).await.len(), 1, "a lookup creates nothing");
+    assert_eq!(svc.stats().await["backstop_hits"], 0, "a lookup is not a duplicate");
+    svc.stop().await.expect("clean stop");
+}
+
+async fn lookup_is_scoped_to_the_caller(url: &str) {
+    let svc = Service::start(url).await;
+    let alices = svc.client.post_order("alice", Some("shared"), &order_json("alice", "SKU-1", 1)).await;
+    assert_eq!(alices.status, StatusCode::CREATED);
+
+    let res = svc.client.lookup("bob", "shared").await;
+    assert_eq!(res.status, StatusCode::NOT_FOUND, "{}", res.text());
+    assert_eq!(res.json(), serde_json::json!({ "error": "order not found" }), "no trace of alice's order");
+
+    // Once bob has his own order under the same key, each sees only their own.
+    let bobs = svc.client.post_order("bob", Some("shared"), &order_json("bob", "SKU-2", 4)).await;
+    assert_eq!(bobs.status, StatusCode::CREATED);
+    assert_ne!(alices.body, bobs.body);
+    assert_eq!(svc.client.lookup("alice", "shared").await.body, alices.body);
+    assert_eq!(svc.client.lookup("bob", "shared").await.body, bobs.body);
+    svc.stop().await.expect("clean stop");
+}
+
+async fn lookup_of_an_unknown_key_is_404(url: &str) {
+    let svc = Service::start(url).await;
+    let created = svc.client.post_order("alice", Some("known"), &order_json("alice", "SKU-1", 1)).await;
+    assert_eq!(created.status, StatusCode::CREATED);
+    for key in ["unknown", "\"Known\"", "known-2"] {
+        let res = svc.client.lookup("alice", key).await;
+        assert_eq!(res.status, StatusCode::NOT_FOUND, "{key}: {}", res.text());
+        assert_eq!(res.header("content-type"), Some("application/json"));
+        assert_eq!(res.json(), serde_json::json!({ "error": "order not found" }));
+    }
+    svc.stop().await.expect("clean stop");
+}
+
+async fn lookup_needs_a_bearer_and_a_key(url: &str) {
+    let svc = Service::start(url).await;
+    let created = svc.client.post_order("alice", Some("k"), &order_json("alice", "SKU-1", 1)).await;
+    assert_eq!(created.status, StatusCode::CREATED);
+    assert_unauthenticated(&svc.client.get("/orders/lookup?key=k").await, "Bearer");
+    let no_bearer = [("idempotency-key", "k")];
+    assert_unauthenticated(&svc.client.request(Method::GET, "/orders/lookup", &no_bearer, "").await, "Bearer");
+
+    let res = svc.client.get_as("alice", "/orders/lookup").await;
+    assert_eq!(res.status, StatusCode::BAD_REQUEST, "{}", res.text());
+    assert_eq!(res.json(), serde_json::json!({ "error": "missing Idempotency-Key header or key query parameter" }));
+    // Malformed keys are refused as POST refuses them, in the header or the query.
+    for key in ["", "two words", "\"a\";p=1"] {
+        let res = svc.client.lookup("alice", key).await;
+        assert_eq!(res.status, StatusCode::BAD_REQUEST, "{key:?}: {}", res.text());
+    }
+    for query in ["key=", "key=k&key=k", "key=%zz", "key=%C3%A9", "key=a%0Ab"] {
+        let res = svc.client.get_as("alice", &format!("/orders/lookup?{query}")).await;
+        assert_eq!(res.status, StatusCode::BAD_REQUEST, "{query}: {}", res.text());
+        assert!(res.json()["error"].is_string());
+    }
+    svc.stop().await.expect("clean stop");
+}
+
+async fn lookup_by_query_parameter(url: &str) {
+    let svc = Service::start(url).await;
+    let plain = svc.client.post_order("alice", Some("q-1"), &order_json("alice", "SKU-1", 1)).await;
+    let spaced = svc.client.post_order("alice", Some(r#""q 2/+""#), &order_json("alice", "SKU-2", 1)).await;
+    let quoted = svc.client.post_order("alice", Some(r#""\"q-1\"""#), &order_json("alice", "SKU-3", 1)).await;
+    for res in [&plain, &spaced, &quoted] {
+        assert_eq!(res.status, StatusCode::CREATED, "{}", res.text());
+    }
+
+    // The query holds the stored key, percent-decoded: no second layer of sf-string quotes,
+    // so `%22q-1%22` is the key `"q-1"`, not `q-1`.
+    for (query, expected) in [
+        ("key=q-1", &plain),
+        ("key=%71%2D%31", &plain),
+        ("other=x&key=q-1", &plain),
+        ("key=q%202/+", &spaced),
+        ("key=q%202%2F%2B", &spaced),
+        ("key=%22q-1%22", &quoted),
+    ] {
+        let res = svc.client.get_as("alice", &format!("/orders/lookup?{query}")).await;
+        assert_eq!(res.status, StatusCode::OK, "{query}: {}", res.text());
+        assert_eq!(res.body, expected.body, "{query}");
+        assert_eq!(res.header("content-type"), Some("application/json"));
+    }
+
+    // The header, when present, is the key; the query is not consulted.
+    let headers = [("authorization", "Bearer alice"), ("idempotency-key", "q-1")];
+    let res = svc.client.request(Method::GET, "/orders/lookup?key=nope", &headers, "").await;
+    assert_eq!(res.body, plain.body);
+    let headers = [("authorization", "Bearer alice"), ("idempotency-key", "nope")];
+    let res = svc.client.request(Method::GET, "/orders/lookup?key=q-1", &headers, "").await;
+    assert_eq!(res.status, StatusCode::NOT_FOUND);
+
+    // Scoped like the header form.
+    assert_eq!(svc.client.get_as("bob", "/orders/lookup?key=q-1").await.status, StatusCode::NOT_FOUND);
+    svc.stop().await.expect("clean stop");
+}
+
+async fn hostile_query_keys_are_just_keys(url: &str) {
+    let svc = Service::start(url).await;
+    let created = svc.client.post_order("alice", Some("x"), &order_json("alice", "SKU-1", 1)).await;
+    let id = created.json()["order_id"].as_i64().expect("order_id");
+    for query in ["key=../x", "key=..%2Fx", "key=a/b", "key=%2F", "key=%2E%2E%2F", &format!("key=../{id}")] {
+        let res = svc.client.get_as("alice", &format!("/orders/lookup?{query}")).await;
+        assert_eq!(res.status, StatusCode::NOT_FOUND, "{query}: {}", res.text());
+        assert_eq!(res.json(), serde_json::json!({ "error": "order not found" }), "{query}");
+    }
+    // And a key that looks like a path is found when it is one.
+    let odd = svc.client.post_order("alice", Some("../x"), &order_json("alice", "SKU-2", 1)).await;
+    assert_eq!(odd.status, StatusCode::CREATED, "{}", odd.text());
+    assert_eq!(svc.client.get_as("alice", "/orders/lookup?key=..%2Fx").await.body, odd.body);
+    assert_eq!(svc.client.get_as("alice", "/orders/lookup?key=../x").await.body, odd.body);
+    assert_eq!(rows(url).await.len(), 2);
     svc.stop().await.expect("clean stop");
 }
 
@@ -208,7 +425,7 @@ async fn concurrent_duplicates_create_one_row(url: &str) {
             let (client, body, barrier) = (svc.client.clone(), body.clone(), barrier.clone());
             tokio::spawn(async move {
                 barrier.wait().await;
-                client.post_order(Some("race"), &body).await
+                client.post_order("dave", Some("race"), &body).await
             })
         })
         .collect();
@@ -234,7 +451,7 @@ async fn shutdown_future_stops_the_server(url: &str) {
     // Leaves an idle keep-alive connection in the client pool: graceful shutdown must close
     // it rather than wait for it.
     assert_eq!(client.get("/healthz").await.status, StatusCode::OK);
-    let res = client.post_order(Some("s-1"), &order_json("erin", "SKU-1", 1)).await;
+    let res = client.post_order("erin", Some("s-1"), &order_json("erin", "SKU-1", 1)).await;
     assert_eq!(res.status, StatusCode::CREATED);
     svc.stop().await.expect("serve returns Ok after shutdown");
     assert!(tokio::net::TcpStream::connect(addr).await.is_err(), "listener still accepting");
@@ -246,7 +463,9 @@ async fn shutdown_finishes_in_flight_request(url: &str) {
     let blocker = InsertBlocker::hold(url, "grace", "in-flight").await;
     let client = svc.client.clone();
     let request =
-        tokio::spawn(async move { client.post_order(Some("in-flight"), &order_json("grace", "SKU-1", 1)).await });
+        tokio::spawn(
+            async move { client.post_order("grace", Some("in-flight"), &order_json("grace", "SKU-1", 1)).await },
+        );
     // Long enough for the request to reach the database and wait on the lock; the SQLite
     // busy timeout (5 s) bounds how long it may stay blocked.
     tokio::time::sleep(Duration::from_millis(300)).await;

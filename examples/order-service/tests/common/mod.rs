@@ -168,17 +168,38 @@ impl HttpClient {
         Response { status: parts.status, headers: parts.headers, body }
     }
 
-    /// POST /orders with an optional raw `Idempotency-Key` header value.
-    pub async fn post_order(&self, key: Option<&str>, body: &str) -> Response {
+    /// POST /orders as `user` (`Authorization: Bearer <user>`) with an optional raw
+    /// `Idempotency-Key` header value.
+    pub async fn post_order(&self, user: &str, key: Option<&str>, body: &str) -> Response {
+        self.post_order_auth(Some(&bearer(user)), key, body).await
+    }
+
+    /// POST /orders with a raw `Authorization` value, or none.
+    pub async fn post_order_auth(&self, auth: Option<&str>, key: Option<&str>, body: &str) -> Response {
         let mut headers = vec![("content-type", "application/json")];
+        if let Some(auth) = auth {
+            headers.push(("authorization", auth));
+        }
         if let Some(key) = key {
             headers.push(("idempotency-key", key));
         }
         self.request(Method::POST, "/orders", &headers, body).await
     }
 
+    /// GET without credentials.
     pub async fn get(&self, path: &str) -> Response {
         self.request(Method::GET, path, &[], "").await
+    }
+
+    /// GET as `user`.
+    pub async fn get_as(&self, user: &str, path: &str) -> Response {
+        self.request(Method::GET, path, &[("authorization", &bearer(user))], "").await
+    }
+
+    /// GET /orders/lookup as `user` with a raw `Idempotency-Key` header value.
+    pub async fn lookup(&self, user: &str, key: &str) -> Response {
+        let auth = bearer(user);
+        self.request(Method::GET, "/orders/lookup", &[("authorization", &auth), ("idempotency-key", key)], "").await
     }
 }
 
@@ -262,6 +283,10 @@ impl InsertBlocker {
         }
         .expect("rollback");
     }
+}
+
+pub fn bearer(user: &str) -> String {
+    format!("Bearer {user}")
 }
 
 pub fn order_json(user_id: &str, sku: &str, quantity: i64) -> String {
