@@ -282,7 +282,8 @@ async fn keys(gw: &Gateway, request: Request<Incoming>) -> Response<Body> {
     let Some(route) = gw.idempotent_route(route_name) else {
         return bad("No idempotent route has that name.");
     };
-    if parts.method == Method::GET && query.key.is_none() && query.state.is_some() {
+    let reading = parts.method == Method::GET || parts.method == Method::HEAD;
+    if reading && query.key.is_none() && query.state.is_some() {
         return list(gw, route, &query).await;
     }
     let record = match record_of(route, &query, &parts.headers, gw) {
