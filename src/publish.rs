@@ -38,12 +38,26 @@ fn scope(policy: &IdempotencyPolicy) -> String {
     match &policy.scope {
         ScopeSource::Global => "none: every caller shares one key space".into(),
         ScopeSource::Caller(sources) => {
-            let names: Vec<String> = sources.iter().map(|s| format!("`{}`", s.describe())).collect();
+            let names: Vec<String> = sources
+                .iter()
+                .map(|s| match s.optional {
+                    false => format!("`{}`", s.describe()),
+                    true => format!("`{}` when present", s.describe().trim_end_matches('?')),
+                })
+                .collect();
             let missing = match policy.on_missing_scope {
                 MissingScope::Reject => "a keyed request without it is refused (400 `scope-missing`)",
                 MissingScope::Anonymous => "requests without it share one anonymous key space",
             };
-            format!("keys are kept per caller, identified by {} (hashed); {missing}", names.join(" and "))
+            let mut out =
+                format!("keys are kept per caller, identified by {} (hashed); {missing}", names.join(" and "));
+            if sources.iter().any(|s| s.optional) {
+                out.push_str(
+                    "; a part marked \"when present\" is optional: a request without it has a key space of its own, \
+                     apart from every request that sends it",
+                );
+            }
+            out
         }
     }
 }
@@ -267,5 +281,21 @@ mod tests {
         }
         // Nothing about how the gateway asks (the lookup's path is the API's business).
         assert!(!asked.contains("/asked/lookup"), "{asked}");
+    }
+
+    #[test]
+    fn optional_scope_parts_are_published_as_optional() {
+        let toml = "[server]\nlisten = \"127.0.0.1:0\"\n\n[store]\nbackend = \"memory\"\n\n[upstreams.app]\nurl = \
+                    \"http://127.0.0.1:9\"\n\n[[routes]]\nname = \"charges\"\npath = \"/charges\"\nupstream = \"app\"\n\n\
+                    [routes.idempotency]\nscope = [\"header:Authorization\", \"header:Stripe-Account?\"]\n";
+        let routes = Config::from_toml(toml, "<test>").unwrap().routes;
+        let markdown = super::markdown(&routes);
+        assert!(
+            markdown.contains("identified by `header:authorization` and `header:stripe-account` when present (hashed)"),
+            "{markdown}"
+        );
+        assert!(markdown.contains("a request without it has a key space of its own"), "{markdown}");
+        let json = super::routes_json(&routes);
+        assert_eq!(json[0]["idempotency"]["scope"][1], "header:stripe-account?", "{json}");
     }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use idemgate::config::{Config, ConfigError, StoreBackendConfig};
 use idemgate::policy::UnknownOutcomePolicy;
-use idemgate::policy::scope::{MissingScope, ScopeSource, Source};
+use idemgate::policy::scope::{Field, MissingScope, ScopeSource, Source};
 
 const MINIMAL: &str = r#"
 [server]
@@ -223,7 +223,10 @@ fn scope_takes_one_source_or_a_list_and_statuses_take_exclusions() {
     let p = config.routes[0].idempotency.as_ref().unwrap();
     assert_eq!(
         p.scope,
-        ScopeSource::Caller(vec![Source::Header(http::header::AUTHORIZATION), Source::Cookie("session".into())])
+        ScopeSource::Caller(vec![
+            Source::required(Field::Header(http::header::AUTHORIZATION)),
+            Source::required(Field::Cookie("session".into()))
+        ])
     );
     assert_eq!(p.on_missing_scope, MissingScope::Anonymous);
     assert!(

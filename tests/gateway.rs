@@ -306,6 +306,43 @@ async fn same_key_from_two_callers_is_two_records(store: StoreKind) {
     assert_eq!(upstream.executions(), 2);
 }
 
+/// The Stripe-Account pattern: a platform acts on its own account (no header) or on a
+/// connected one (the header); each is a key space of its own, and the header is optional.
+async fn an_optional_scope_part_makes_its_absence_a_scope_of_its_own(store: StoreKind) {
+    let scope = r#"scope = ["header:Authorization", "header:Stripe-Account?"]"#;
+    let (upstream, _gw, client) = setup(&store, scope, Behavior::default()).await;
+    let post = |account: Option<&'static str>, auth: &'static str| {
+        let client = client.clone();
+        async move {
+            let mut headers = vec![("content-type", "application/json"), ("idempotency-key", "ch-1")];
+            headers.push(("authorization", auth));
+            if let Some(account) = account {
+                headers.push(("stripe-account", account));
+            }
+            client.send(Method::POST, "/orders", &headers, ORDER).await
+        }
+    };
+    let own = post(None, "Bearer platform").await;
+    let connected = post(Some("acct_1"), "Bearer platform").await;
+    let other = post(Some("acct_2"), "Bearer platform").await;
+    for r in [&own, &connected, &other] {
+        assert_eq!((r.status.as_u16(), r.is_replay()), (201, false), "{:?}", r.body);
+    }
+    assert_eq!(upstream.executions(), 3, "three key spaces, one key each");
+    // Each retry replays its own answer.
+    for (account, first) in [(None, &own), (Some("acct_1"), &connected), (Some("acct_2"), &other)] {
+        let again = post(account, "Bearer platform").await;
+        assert!(again.is_replay() && again.body == first.body, "{account:?}");
+    }
+    // The required part stays required; another caller without the header is apart too.
+    let no_caller = client
+        .send(Method::POST, "/orders", &[("content-type", "application/json"), ("idempotency-key", "ch-1")], ORDER)
+        .await;
+    assert_eq!((no_caller.status.as_u16(), no_caller.problem().as_str()), (400, "scope-missing"));
+    assert!(!post(None, "Bearer someone-else").await.is_replay());
+    assert_eq!(upstream.executions(), 4);
+}
+
 async fn duplicate_in_flight_gets_409_after_the_wait_and_422_wins(store: StoreKind) {
     let (upstream, _gw, client) = setup(&store, r#"wait = "100ms""#, slow(800)).await;
     let c = client.clone();
@@ -576,6 +613,7 @@ macro_rules! on_both_backends {
 }
 
 on_both_backends!(
+    an_optional_scope_part_makes_its_absence_a_scope_of_its_own,
     first_request_runs_once_and_retries_replay_it_byte_for_byte,
     replays_carry_a_fresh_date_and_only_allowed_headers,
     changed_body_is_422_but_reordered_keys_and_ignored_fields_replay,

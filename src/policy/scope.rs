@@ -17,29 +17,49 @@
 use http::{HeaderMap, HeaderName, header};
 use sha2::{Digest, Sha256};
 
-/// One place a caller's identity is read from.
+/// Where one part of a caller's identity is read from.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Source {
+pub enum Field {
     /// A request header's value (`header:NAME`).
     Header(HeaderName),
     /// A cookie's value (`cookie:NAME`).
     Cookie(String),
 }
 
+/// One part of a caller's identity: a field, required or optional (`header:NAME?`).
+///
+/// An optional part is for an identity that is sometimes narrower: `header:Stripe-Account?`
+/// after `header:Authorization` is a platform acting on a connected account when present, and
+/// on its own account when absent. Absent, it hashes as absent: a scope of its own, equal to
+/// no value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Source {
+    /// What is read.
+    pub field: Field,
+    /// Whether a request may lack it.
+    pub optional: bool,
+}
+
 impl Source {
-    /// The config spelling, for errors and the policy.
+    /// A required part.
+    pub fn required(field: Field) -> Self {
+        Self { field, optional: false }
+    }
+
+    /// The config spelling, for errors and the policy (`header:stripe-account?`).
     pub fn describe(&self) -> String {
-        match self {
-            Self::Header(name) => format!("header:{name}"),
-            Self::Cookie(name) => format!("cookie:{name}"),
+        let mark = if self.optional { "?" } else { "" };
+        match &self.field {
+            Field::Header(name) => format!("header:{name}{mark}"),
+            Field::Cookie(name) => format!("cookie:{name}{mark}"),
         }
     }
 
     /// The request header this source reads.
     pub fn header(&self) -> HeaderName {
-        match self {
-            Self::Header(name) => name.clone(),
-            Self::Cookie(_) => header::COOKIE,
+        match &self.field {
+            Field::Header(name) => name.clone(),
+            Field::Cookie(_) => header::COOKIE,
         }
     }
 }
@@ -75,19 +95,24 @@ impl MissingScope {
 
 impl ScopeSource {
     /// Parses the config syntax: `"global"`, or one or more of `"header:NAME"` and
-    /// `"cookie:NAME"`.
+    /// `"cookie:NAME"`, each optional with a trailing `?`; at least one is required.
     pub fn parse<S: AsRef<str>>(entries: &[S]) -> Result<Self, String> {
         match entries {
             [] => Err("is empty; name at least one source, or \"global\"".into()),
             [one] if one.as_ref() == "global" => Ok(Self::Global),
             many => {
-                let mut sources = Vec::with_capacity(many.len());
+                let mut sources: Vec<Source> = Vec::with_capacity(many.len());
                 for entry in many {
                     let source = parse_source(entry.as_ref())?;
-                    if sources.contains(&source) {
+                    if sources.iter().any(|s| s.field == source.field) {
                         return Err(format!("{:?} is listed twice", entry.as_ref()));
                     }
                     sources.push(source);
+                }
+                // Without a required part, a request with no credential at all would have a
+                // scope (every part absent) that all such requests share.
+                if sources.iter().all(|s| s.optional) {
+                    return Err("needs at least one required part (without \"?\"), or \"global\"".into());
                 }
                 Ok(Self::Caller(sources))
             }
@@ -103,13 +128,24 @@ impl ScopeSource {
     }
 }
 
-fn parse_source(text: &str) -> Result<Source, String> {
-    if text == "global" {
+fn parse_source(entry: &str) -> Result<Source, String> {
+    if entry == "global" {
         return Err("\"global\" cannot be combined with other sources".into());
     }
+    let (text, optional) = match entry.trim_end().strip_suffix('?') {
+        Some(text) => (text, true),
+        None => (entry, false),
+    };
+    let field = parse_field(text).map_err(|e| {
+        if optional { format!("{e} (a trailing \"?\" makes a part optional: \"header:NAME?\")") } else { e }
+    })?;
+    Ok(Source { field, optional })
+}
+
+fn parse_field(text: &str) -> Result<Field, String> {
     if let Some(name) = text.strip_prefix("header:") {
         return HeaderName::from_bytes(name.trim().as_bytes())
-            .map(Source::Header)
+            .map(Field::Header)
             .map_err(|_| format!("{name:?} is not a valid header name"));
     }
     if let Some(name) = text.strip_prefix("cookie:") {
@@ -117,12 +153,12 @@ fn parse_source(text: &str) -> Result<Source, String> {
         let valid =
             !name.is_empty() && name.bytes().all(|b| b.is_ascii_graphic() && !b"()<>@,;:\\\"/[]?={}".contains(&b));
         return if valid {
-            Ok(Source::Cookie(name.to_owned()))
+            Ok(Field::Cookie(name.to_owned()))
         } else {
             Err(format!("{name:?} is not a valid cookie name"))
         };
     }
-    Err(format!("{text:?} is none of \"global\", \"header:NAME\", \"cookie:NAME\""))
+    Err(format!("{text:?} is none of \"global\", \"header:NAME\", \"cookie:NAME\" (\"?\" after one: optional)"))
 }
 
 /// The caller's key space, as a fixed-size digest so that credentials never reach the store.
@@ -171,7 +207,9 @@ pub fn derive(scope: &ScopeSource, missing: MissingScope, headers: &HeaderMap) -
     for source in sources {
         let values = values_of(source, headers);
         if values.is_empty() {
-            if missing == MissingScope::Reject {
+            // An optional part, or a required one on an anonymous route: absent is a value of
+            // its own, never equal to a present one (which hashes "present" first).
+            if !source.optional && missing == MissingScope::Reject {
                 return Err(ScopeMissing { missing: source.describe() });
             }
             hasher.update(b"absent\0");
@@ -194,13 +232,13 @@ pub fn derive(scope: &ScopeSource, missing: MissingScope, headers: &HeaderMap) -
 pub fn copy_sources(scope: &ScopeSource, from: &HeaderMap, to: &mut HeaderMap) {
     let mut cookies: Vec<u8> = Vec::new();
     for source in scope.sources() {
-        match source {
-            Source::Header(name) => {
+        match &source.field {
+            Field::Header(name) => {
                 for value in from.get_all(name) {
                     to.append(name.clone(), value.clone());
                 }
             }
-            Source::Cookie(wanted) => {
+            Field::Cookie(wanted) => {
                 for value in values_of(source, from) {
                     if !cookies.is_empty() {
                         cookies.extend_from_slice(b"; ");
@@ -223,11 +261,11 @@ pub fn copy_sources(scope: &ScopeSource, from: &HeaderMap, to: &mut HeaderMap) {
 /// The normalised values of one source; empty when the request does not carry it (an empty
 /// or blank value counts as not carried).
 fn values_of(source: &Source, headers: &HeaderMap) -> Vec<Vec<u8>> {
-    match source {
-        Source::Header(name) => {
+    match &source.field {
+        Field::Header(name) => {
             headers.get_all(name).iter().map(|v| normalise(name, v.as_bytes())).filter(|v| !v.is_empty()).collect()
         }
-        Source::Cookie(wanted) => headers
+        Field::Cookie(wanted) => headers
             .get_all(header::COOKIE)
             .iter()
             .flat_map(|v| v.as_bytes().split(|b| *b == b';'))
@@ -277,8 +315,8 @@ mod tests {
         assert_eq!(
             ScopeSource::parse(&["header:X-User-Id", "cookie:session"]),
             Ok(ScopeSource::Caller(vec![
-                Source::Header(HeaderName::from_static("x-user-id")),
-                Source::Cookie("session".into())
+                Source::required(Field::Header(HeaderName::from_static("x-user-id"))),
+                Source::required(Field::Cookie("session".into()))
             ]))
         );
         for bad in [
@@ -288,6 +326,11 @@ mod tests {
             &[],
             &["cookie:"],
             &["header:a", "header:A"],
+            &["header:a?"],
+            &["header:a?", "cookie:b?"],
+            &["header:a", "header:a?"],
+            &["header:?"],
+            &["global?"],
         ] {
             assert!(ScopeSource::parse(bad).is_err(), "{bad:?}");
         }
@@ -321,6 +364,46 @@ mod tests {
         let half = derive(&s, MissingScope::Anonymous, &headers(&[("authorization", "Bearer a")])).unwrap();
         assert_ne!(anon, half);
     }
+
+    #[test]
+    fn an_optional_part_absent_is_a_scope_of_its_own() {
+        // A platform acting on its own account (no Stripe-Account) or on a connected one.
+        let s = sources(&["header:Authorization", "header:Stripe-Account?"]);
+        assert_eq!(
+            s.sources()[1],
+            Source { field: Field::Header(HeaderName::from_static("stripe-account")), optional: true }
+        );
+        assert_eq!(s.sources()[1].describe(), "header:stripe-account?");
+        let own = scope(&s, &[("authorization", "Bearer k")]).expect("an optional part may be absent");
+        let connected = scope(&s, &[("authorization", "Bearer k"), ("stripe-account", "acct_1")]).unwrap();
+        assert_ne!(own, connected);
+        // Absent equals no value, not even an empty or a blank one's neighbours.
+        for value in ["absent", "-", "null", "\"\""] {
+            assert_ne!(own, scope(&s, &[("authorization", "Bearer k"), ("stripe-account", value)]).unwrap(), "{value}");
+        }
+        assert_eq!(
+            own,
+            scope(&s, &[("authorization", "Bearer k"), ("stripe-account", " ")]).unwrap(),
+            "blank is absent"
+        );
+        // Another caller without the part is another scope; the required part is still required.
+        assert_ne!(own, scope(&s, &[("authorization", "Bearer j")]).unwrap());
+        assert_eq!(scope(&s, &[("stripe-account", "acct_1")]).unwrap_err().missing, "header:authorization");
+    }
+
+    #[test]
+    fn lists_of_required_parts_keep_the_hashes_records_were_stored_under() {
+        // The digests records were stored under before optional parts existed (computed
+        // apart from this code, from the hashing rule); a change here renames every record.
+        let s = sources(&["header:Authorization", "header:Stripe-Account"]);
+        let both = scope(&s, &[("authorization", "Bearer k"), ("stripe-account", "acct_1")]).unwrap();
+        assert_eq!(both.to_hex(), PINNED_TWO_PARTS);
+        let one = scope(&sources(&["header:Authorization"]), &[("authorization", "Bearer k")]).unwrap();
+        assert_eq!(one.to_hex(), PINNED_ONE_PART);
+    }
+
+    const PINNED_TWO_PARTS: &str = "cf90433eefc872aa3e79b01600fa34638588a1fbe9c2f747b27fd68174eb4fd8";
+    const PINNED_ONE_PART: &str = "51703c0b02a1cfb019d29d2e5ba9beab426da7aac3e0cb76e682c539f4c75ada";
 
     #[test]
     fn a_list_needs_every_part_to_match() {
