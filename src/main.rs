@@ -79,12 +79,17 @@ fn check(path: &std::path::Path) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    // Building the clients reads CA bundles, which validation alone does not parse.
+    // Building the clients reads CA bundles, which validation alone does not parse. Every
+    // upstream is tried, so that one bad bundle does not hide the next.
+    let mut failed = false;
     for upstream in &config.upstreams {
         if let Err(e) = Upstream::new(upstream) {
-            eprintln!("{}: {e}", path.display());
-            return ExitCode::FAILURE;
+            eprintln!("{}: upstreams.{}: {e}", path.display(), upstream.name);
+            failed = true;
         }
+    }
+    if failed {
+        return ExitCode::FAILURE;
     }
     for warning in config.warning_lines(&path.display().to_string()) {
         eprintln!("{warning}");

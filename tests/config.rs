@@ -135,7 +135,11 @@ fn wrongly_typed_values_name_their_key() {
     assert!(msg.contains("routes[0].idempotency.lease") && msg.contains("duration"), "{msg}");
     let text = MINIMAL.replace("[routes.idempotency]", "[routes.idempotency]\nmax_request_body = \"a lot\"");
     let msg = Config::from_toml(&text, "gw.toml").unwrap_err().to_string();
-    assert!(msg.contains("routes[0].idempotency.max_request_body") && msg.contains("invalid size"), "{msg}");
+    assert!(
+        msg.contains("routes[0].idempotency.max_request_body")
+            && msg.contains("is not a size: expected a size such as 64KiB or 1MiB"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -327,6 +331,99 @@ fn check(config_text: &str) -> (bool, String, String) {
     )
 }
 
+/// Files with two to six problems of every kind mixed: `check` names every one, each on its
+/// line, in one run.
+#[test]
+fn check_finds_every_problem_of_a_file_in_one_run() {
+    let cases: [(&str, &[(&str, &str)]); 5] = [
+        // The issue's own file: a misspelt key, two bad durations and an unknown upstream.
+        (
+            "[routes.idempotency]\nleas = \"5s\"\nlease = \"ten\"\nwait = \"soon\"",
+            &[
+                ("routes[0].idempotency.leas", "unknown key"),
+                ("routes[0].idempotency.lease", "expected a duration such as 5s or 250ms"),
+                ("routes[0].idempotency.wait", "expected a duration such as 5s or 250ms"),
+            ],
+        ),
+        (
+            "[routes.idempotency]\nmax_key_len = \"long\"\nretention = 5\nscope = \"everyone\"\nreplay_header = \"bad header\"",
+            &[
+                ("routes[0].idempotency.max_key_len", "invalid type"),
+                ("routes[0].idempotency.retention", "invalid type"),
+                ("routes[0].idempotency.scope", "none of"),
+                ("routes[0].idempotency.replay_header", ""),
+            ],
+        ),
+        (
+            "[routes.idempotency]\nstore_statuses = [\"2xx\", \"9xx\"]\nmax_stored_body = \"huge\"",
+            &[
+                ("routes[0].idempotency.store_statuses", ""),
+                ("routes[0].idempotency.max_stored_body", "expected a size such as 64KiB or 1MiB"),
+            ],
+        ),
+        (
+            "[routes.idempotency]\non_store_error = \"maybe\"\nignore = [\"no-slash\"]\n\
+             [routes.idempotency.reconcile]\nafter = \"soon\"\nanswer_status = 42",
+            &[
+                ("routes[0].idempotency.on_store_error", "neither"),
+                ("routes[0].idempotency.ignore", "JSON Pointer"),
+                ("routes[0].idempotency.reconcile.answer_status", "between 200 and 599"),
+                ("routes[0].idempotency.reconcile.path", "is required"),
+                ("routes[0].idempotency.reconcile.after", "neither a duration"),
+            ],
+        ),
+        (
+            "[routes.idempotency]\nlease = \"1ms\"",
+            &[("routes[0].idempotency.lease", "at least 10ms"), ("routes[0].upstream", "not defined")],
+        ),
+    ];
+    for (policy, expected) in cases {
+        let mut text = MINIMAL.replace("[routes.idempotency]", policy);
+        if expected.iter().any(|(key, _)| *key == "routes[0].upstream") {
+            text = text.replace("upstream = \"app\"", "upstream = \"nowhere\"");
+        }
+        let issues = match Config::from_toml(&text, "gw.toml") {
+            Err(ConfigError::Invalid { issues, .. }) => issues,
+            other => panic!("{policy}: {other:?}"),
+        };
+        for (key, reason) in expected {
+            assert!(
+                issues.iter().any(|i| i.key == *key && i.reason.contains(reason) && i.line.is_some()),
+                "{policy}: no {key} ({reason}) in {issues:#?}"
+            );
+        }
+        assert_eq!(issues.len(), expected.len(), "{policy}: {issues:#?}");
+    }
+    // The command prints every one, each as FILE:LINE: KEY: REASON.
+    let (ok, _, stderr) = check(
+        &MINIMAL
+            .replace("[routes.idempotency]", "[routes.idempotency]\nleas = \"5s\"\nlease = \"ten\"\nwait = \"soon\"")
+            .replace("upstream = \"app\"", "upstream = \"nowhere\""),
+    );
+    assert!(!ok);
+    for line in [
+        "gw.toml:15: routes[0].upstream: \"nowhere\" is not defined under [upstreams]",
+        "gw.toml:18: routes[0].idempotency.leas: unknown key",
+        "gw.toml:19: routes[0].idempotency.lease: \"ten\" is not a duration",
+        "gw.toml:20: routes[0].idempotency.wait: \"soon\" is not a duration",
+    ] {
+        assert!(stderr.contains(line), "missing {line:?} in\n{stderr}");
+    }
+}
+
+#[test]
+fn check_warns_about_a_grace_period_longer_than_a_lease() {
+    let text = MINIMAL
+        .replace("listen = \"127.0.0.1:8080\"", "listen = \"127.0.0.1:8080\"\nshutdown_grace = \"20s\"")
+        .replace("[routes.idempotency]", "[routes.idempotency]\nlease = \"10s\"");
+    let (ok, _, stderr) = check(&text);
+    assert!(ok, "{stderr}");
+    assert!(
+        stderr.contains("warning: server.shutdown_grace: 20s is longer than routes[0].idempotency.lease (10s)"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn check_command_accepts_a_valid_file() {
     let (ok, stdout, stderr) = check(MINIMAL);
@@ -342,7 +439,7 @@ fn check_command_rejects_an_invalid_file_naming_file_key_and_reason() {
     assert!(
         stderr.contains("gw.toml")
             && stderr.contains("routes[0].idempotency.wait")
-            && stderr.contains("invalid duration"),
+            && stderr.contains("expected a duration such as 5s or 250ms"),
         "{stderr}"
     );
 

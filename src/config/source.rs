@@ -176,28 +176,63 @@ impl Reader {
         ok.then_some(out)
     }
 
-    /// Deserializes one section; its unknown keys and its first wrongly typed value become
-    /// issues under `prefix`.
-    fn value<T: DeserializeOwned>(&mut self, prefix: &str, value: toml::Value) -> Option<T> {
-        let mut unknown = Vec::new();
-        let mut track = serde_path_to_error::Track::new();
-        let result = {
-            let tracked = serde_path_to_error::Deserializer::new(value, &mut track);
-            serde_ignored::deserialize(tracked, |path| unknown.push(join(prefix, &ignored_path(&path))))
-        };
-        for key in unknown {
-            self.issue(key, "unknown key (misspelt? docs/configuration.md lists every key)".into());
-        }
-        match result {
-            Ok(section) => Some(section),
-            Err(e) => {
-                let path = track.path().to_string();
-                let key = if path == "." { prefix.to_owned() } else { join(prefix, &path) };
-                self.issue(key, e.message().trim().to_owned());
-                None
+    /// Deserializes one section; its unknown keys and every wrongly typed value become issues
+    /// under `prefix`. A value that does not fit is reported and taken out, and the section
+    /// read again without it (its default stands in), so that one bad value hides neither
+    /// the next one nor the checks that need the whole file (an unknown upstream, say).
+    fn value<T: DeserializeOwned>(&mut self, prefix: &str, mut value: toml::Value) -> Option<T> {
+        let mut unknown = std::collections::BTreeSet::new();
+        // Each pass takes one value out; a section has fewer values than this.
+        for _ in 0..256 {
+            let mut track = serde_path_to_error::Track::new();
+            let result = {
+                let tracked = serde_path_to_error::Deserializer::new(value.clone(), &mut track);
+                serde_ignored::deserialize(tracked, |path| {
+                    unknown.insert(join(prefix, &ignored_path(&path)));
+                })
+            };
+            let error = match result {
+                Ok(section) => {
+                    self.unknown(unknown);
+                    return Some(section);
+                }
+                Err(e) => e,
+            };
+            let path = track.path().to_string();
+            let key = if path == "." { prefix.to_owned() } else { join(prefix, &path) };
+            self.issue(key, error.message().trim().to_owned());
+            // A missing field, or a section that is not a table: nothing to take out.
+            if path == "." || !remove(&mut value, &path) {
+                self.unknown(unknown);
+                return None;
             }
         }
+        self.unknown(unknown);
+        None
     }
+
+    fn unknown(&mut self, keys: std::collections::BTreeSet<String>) {
+        for key in keys {
+            self.issue(key, "unknown key (misspelt? docs/configuration.md lists every key)".into());
+        }
+    }
+}
+
+/// Takes the value at `path` (`idempotency.lease`, `idempotency.ignore[2]`) out of `value`;
+/// false when there is none. A list loses the whole list: its other entries were not read.
+fn remove(value: &mut toml::Value, path: &str) -> bool {
+    // A bad entry of a list is the list's problem: the list goes, and its default stands in.
+    let path = path.split('[').next().unwrap_or(path);
+    let mut parts: Vec<&str> = path.split('.').collect();
+    let Some(last) = parts.pop() else { return false };
+    let mut table = value;
+    for part in parts {
+        match table.get_mut(part) {
+            Some(inner) => table = inner,
+            None => return false,
+        }
+    }
+    table.as_table_mut().and_then(|t| t.remove(last)).is_some()
 }
 
 fn join(prefix: &str, path: &str) -> String {

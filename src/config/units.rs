@@ -20,9 +20,11 @@ impl<'de> Deserialize<'de> for HumanDuration {
                 f.write_str("a duration with a unit, such as \"250ms\", \"30s\" or \"24h\"")
             }
             fn visit_str<E: de::Error>(self, s: &str) -> Result<HumanDuration, E> {
+                // humantime's own messages ("unknown time unit", "expected number at 0") speak
+                // of its parser, not of the file.
                 humantime::parse_duration(s.trim())
                     .map(HumanDuration)
-                    .map_err(|e| E::custom(format!("invalid duration {s:?}: {e}")))
+                    .map_err(|_| E::custom(format!("{s:?} is not a duration: expected a duration such as 5s or 250ms")))
             }
         }
         d.deserialize_str(V)
@@ -45,7 +47,7 @@ impl<'de> Deserialize<'de> for HumanSize {
                 s.trim()
                     .parse::<bytesize::ByteSize>()
                     .map(|b| HumanSize(b.as_u64()))
-                    .map_err(|e| E::custom(format!("invalid size {s:?}: {e}")))
+                    .map_err(|_| E::custom(format!("{s:?} is not a size: expected a size such as 64KiB or 1MiB")))
             }
         }
         d.deserialize_str(V)

@@ -89,6 +89,9 @@ pub(super) fn body_limit(issues: &mut Issues, key: &str, value: Option<HumanSize
 ///   still runs; a retry then takes the key over and runs the request a second time.
 /// - A lease shorter than three store timeouts leaves too little room for renewals, which are
 ///   store calls too, to land before it passes.
+/// - A shutdown grace period longer than a lease: see the message.
+/// - A route that holds unknown outcomes without a lookup, or a lookup with `{key}` in its
+///   path.
 pub(super) fn warnings(config: &Config) -> Vec<Issue> {
     let mut out = Issues::default();
     if let Some(admin) = config.server.admin_listen
@@ -110,6 +113,17 @@ pub(super) fn warnings(config: &Config) -> Vec<Issue> {
                     "{:?} is shorter than upstreams.{}.timeout ({:?}) and renew = false: a request slower \
                      than the lease can be taken over and run a second time",
                     policy.lease, upstream.name, upstream.timeout
+                ),
+            );
+        }
+        if config.server.shutdown_grace > policy.lease {
+            out.add(
+                "server.shutdown_grace",
+                format!(
+                    "{:?} is longer than routes[{i}].idempotency.lease ({:?}): a gateway killed before its grace \
+                     period ends leaves its running requests' keys claimed, to be taken over and run again once \
+                     the lease passes; keep shutdown_grace shorter than the shortest lease",
+                    config.server.shutdown_grace, policy.lease
                 ),
             );
         }
