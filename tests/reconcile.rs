@@ -307,6 +307,8 @@ on_every_store!(
     an_answer_lost_after_executing_is_found_and_replayed,
     a_request_the_upstream_never_ran_runs_again_as_the_next_attempt,
     the_gateway_that_lost_the_answer_asks_by_itself,
+    the_binary_reconciles_and_its_cli_lists_and_resolves,
+    executed_records_are_listed_and_resolvable,
 );
 
 fn cluster() -> &'static RedisCluster {
@@ -566,6 +568,41 @@ async fn operators_list_held_keys_page_by_page_and_settle_them() {
     gw.shutdown().await;
 }
 
+/// A record whose answer was too large to keep is `executed`: listed under that state, and an
+/// operator can give it the answer to replay.
+async fn executed_records_are_listed_and_resolvable(store: StoreKind) {
+    let orders = Orders::start().await;
+    let toml = config(&store, orders.addr, "2s", "after = \"off\"")
+        .replace("wait = \"3s\"", "wait = \"3s\"\nmax_stored_body = \"16B\"");
+    let gw = TestGateway::start(&toml).await;
+    let client = gw.client();
+    assert_eq!(post(&client, "big-1").await.status, 201);
+    let bearer = format!("Bearer {TOKEN}");
+    let auth = [("authorization", bearer.as_str())];
+    wait_until("the index", || async {
+        let r = admin(&gw).get("/keys?route=orders&state=executed", &auth).await;
+        r.json()["records"].as_array().is_some_and(|a| a.len() == 1)
+    })
+    .await;
+    let listed = admin(&gw).get("/keys?route=orders&state=executed", &auth).await.json();
+    assert_eq!(listed["records"][0]["key"], "big-1");
+    assert_eq!(listed["records"][0]["state"], "executed");
+    let none = admin(&gw).get("/keys?route=orders&state=unknown", &auth).await.json();
+    assert_eq!(none["records"], serde_json::json!([]));
+    assert_eq!(post(&client, "big-1").await.problem(), "response-not-stored");
+    let scoped = [("authorization", bearer.as_str()), ("scope-authorization", AUTH)];
+    let put = admin(&gw)
+        .send(Method::PUT, "/keys?route=orders&key=big-1", &scoped, r#"{"status": 201, "body": "{\"order_id\": 1}"}"#)
+        .await;
+    assert_eq!(put.json(), serde_json::json!({"resolved": true, "was": "executed"}));
+    let replay = post(&client, "big-1").await;
+    assert_eq!((replay.status.as_u16(), &replay.body[..]), (201, &br#"{"order_id": 1}"#[..]));
+    let gone = admin(&gw).get("/keys?route=orders&state=executed", &auth).await.json();
+    assert_eq!(gone["records"], serde_json::json!([]));
+    assert_eq!(orders.posts().len(), 1);
+    gw.shutdown().await;
+}
+
 // ---- configuration ----------------------------------------------------------------------
 
 #[test]
@@ -605,12 +642,11 @@ fn reconcile_is_refused_where_nothing_is_held_and_checked_everywhere() {
 
 /// The shipped binary, end to end: a lost answer found on retry, and the operator's CLI
 /// listing and resolving a key on a route that does not reconcile.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_binary_reconciles_and_its_cli_lists_and_resolves() {
+async fn the_binary_reconciles_and_its_cli_lists_and_resolves(store: StoreKind) {
     let orders = Orders::start().await;
     let held_route = "\n[[routes]]\nname = \"held\"\nmethods = [\"POST\"]\npath = \"/held\"\nupstream = \"app\"\n\n\
         [routes.idempotency]\nscope = \"header:Authorization\"\n";
-    let toml = format!("{}{held_route}", config(&StoreKind::Memory, orders.addr, "2s", "after = \"off\""))
+    let toml = format!("{}{held_route}", config(&store, orders.addr, "2s", "after = \"off\""))
         // The catch-all route must stay last.
         .replace("\n[[routes]]\nname = \"rest\"\npath = \"/{*rest}\"\nupstream = \"app\"\n", "");
     let gw = GatewayProc::start(&toml);
