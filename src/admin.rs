@@ -110,7 +110,7 @@ async fn handle(admin: &Admin, draining: &CancellationToken, request: Request<In
             match gw.runtime().store.ping().await {
                 Ok(()) => text(StatusCode::OK, "ready\n"),
                 Err(e) => {
-                    tracing::warn!(error = %e, "readiness check: store unavailable");
+                    tracing::debug!(error = %e, "readiness check: store unavailable");
                     text(StatusCode::SERVICE_UNAVAILABLE, "store unavailable\n")
                 }
             }
@@ -501,7 +501,7 @@ async fn read_answer(route: &IdempotentRoute, body: Incoming) -> Result<StoredRe
 }
 
 fn unavailable(gw: &Gateway, e: StoreError) -> Response<Body> {
-    tracing::warn!(error = %e, "admin: store unavailable");
+    tracing::debug!(error = %e, "admin: store unavailable");
     problem(
         gw,
         StatusCode::SERVICE_UNAVAILABLE,

@@ -176,6 +176,11 @@ impl Problem {
         Self { retry_after: Some(after), ..self }
     }
 
+    /// Logged at debug level: what the log says about it is said elsewhere, once.
+    fn quiet(self) -> Self {
+        Self { warn: false, ..self }
+    }
+
     fn closing(self) -> Self {
         Self { close: true, ..self }
     }
@@ -360,7 +365,9 @@ impl GatewayError {
                  Retry with the same key.",
                 Outcome::StoreUnavailable,
             )
-            .retry_after(SOON),
+            .retry_after(SOON)
+            // The outage is logged once by the store; each refusal is in the access line.
+            .quiet(),
             Self::Upstream(UpstreamError::Unreachable { .. }) => P::failed(
                 S::BAD_GATEWAY,
                 "upstream-unavailable",

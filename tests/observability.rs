@@ -173,3 +173,60 @@ async fn the_policy_is_published_by_the_cli_and_the_admin_listener() {
     assert_eq!(routes[1]["name"], "rest");
     assert!(routes[1]["idempotency"].is_null());
 }
+
+/// Redis down for a few seconds under steady traffic and readiness probes: one WARN when the
+/// store stops answering, at most a summary per 10 s while it stays down, one INFO when it
+/// answers again; each refused request is in the access log, not in a warning of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_outage_is_said_once_not_once_per_request() {
+    let upstream = TestUpstream::start().await;
+    let redis = support::redis::RedisServer::start();
+    let store = format!(
+        "backend = \"redis\"\nurl = \"{}\"\nkey_prefix = \"{}\"\ntimeout = \"200ms\"",
+        redis.url(),
+        support::unique("outage")
+    );
+    let gw = GatewayProc::start(
+        &Toml { server: "log_format = \"json\"", store: &store, ..Toml::new(upstream.addr) }.render(),
+    );
+    let client = gw.client();
+    let admin = Client::new(gw.admin);
+    assert_eq!(client.post_json("/orders", Some("before"), ORDER).await.status, 201);
+    let before = gw.log_lines().len();
+
+    redis.stop();
+    let mut refused = 0;
+    for i in 0..65 {
+        let r = client.post_json("/orders", Some(&format!("down-{i}")), ORDER).await;
+        refused += usize::from(r.status == 503);
+        if i % 8 == 0 {
+            assert_eq!(admin.get("/readyz", &[]).await.status, 503);
+        }
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+    assert_eq!(refused, 65, "fail-closed while Redis is down");
+    redis.restart();
+    let mut back = false;
+    for _ in 0..100 {
+        if client.post_json("/orders", Some("after"), ORDER).await.status == 201 {
+            back = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(back, "the gateway never got Redis back:\n{}", gw.log());
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let lines: Vec<serde_json::Value> =
+        gw.log_lines()[before..].iter().filter_map(|l| serde_json::from_str(l).ok()).collect();
+    let loud: Vec<&serde_json::Value> =
+        lines.iter().filter(|l| l["level"] == "WARN" || l["level"] == "ERROR").collect();
+    let said = |text: &str| lines.iter().filter(|l| l["message"].as_str().is_some_and(|m| m.contains(text))).count();
+    assert_eq!(said("store stopped answering"), 1, "{loud:#?}");
+    assert_eq!(said("store answers again"), 1, "{lines:#?}");
+    // The outage, the notification subscription it broke, and (for a run past 10 s) one
+    // summary: nothing per request or per probe.
+    assert!(loud.len() <= 4, "{} warnings for one outage: {loud:#?}", loud.len());
+    let access = lines.iter().filter(|l| l["target"] == "idemgate::access").count();
+    assert!(access >= 66, "every request is in the access log: {access}");
+}

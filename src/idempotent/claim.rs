@@ -93,7 +93,7 @@ pub async fn release_unsent(rt: &Runtime, route: &Route, held: Held<'_>) {
     route.metrics.released(ReleaseReason::NotSent);
     let (key, owner, ttl) = held.take().into_release();
     if let Err(e) = rt.store.release(&key, owner, Sent::No, ttl).await {
-        tracing::warn!(key = key.short(), error = %e, "cannot release a claim that was not forwarded; it expires with its lease");
+        tracing::debug!(key = key.short(), error = %e, "cannot release a claim that was not forwarded; it expires with its lease");
     }
 }
 
@@ -115,7 +115,7 @@ fn spawn_release(rt: &Runtime, record: RecordKey, owner: OwnerToken, ttl: Durati
                     Ok(Settled::Lost) if attempt == 1 => tokio::time::sleep(GHOST_RECHECK).await,
                     Ok(Settled::Lost) => return,
                     Err(e) if attempt == GHOST_TRIES => {
-                        tracing::warn!(key = record.short(), error = %e, "cannot release a claim whose reply was lost; it expires with its lease");
+                        tracing::debug!(key = record.short(), error = %e, "cannot release a claim whose reply was lost; it expires with its lease");
                     }
                     Err(_) => tokio::time::sleep(GHOST_BACKOFF * attempt).await,
                 }

@@ -134,7 +134,9 @@ async fn store_failed(
 ) -> Result<Served, GatewayError> {
     let (route, policy) = (ctx.route, &ctx.route.policy);
     route.metrics.store_error();
-    tracing::warn!(route = %route.name, key = ctx.record.short(), error = %error, "store failed on claim");
+    // The outage itself is logged once by the store (see `store::health`); this request's
+    // outcome is in the access line.
+    tracing::debug!(route = %route.name, key = ctx.record.short(), error = %error, "store failed on claim");
     match policy.on_store_error {
         StoreFailurePolicy::FailClosed => {
             // The claim may have been made, its reply lost: release it, or the client's retry

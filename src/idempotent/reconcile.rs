@@ -234,7 +234,7 @@ async fn ask(
         }
         (_, Err(e)) => {
             route.metrics.store_error();
-            tracing::warn!(route = %name, key, error = %e, "cannot write a lookup's answer; the key stays unknown until it is asked again");
+            tracing::debug!(route = %name, key, error = %e, "cannot write a lookup's answer; the key stays unknown until it is asked again");
             (Reconciliation::Failed, Asked::Unknown { retry_after: None })
         }
     };

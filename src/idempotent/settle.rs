@@ -91,7 +91,7 @@ impl<'a> Settle<'a> {
                     }
                     Err(e) => {
                         route.metrics.store_error();
-                        tracing::warn!(route = %route.name, key = lease.key().short(), error = %e, "lease renewal failed; retrying");
+                        tracing::debug!(route = %route.name, key = lease.key().short(), error = %e, "lease renewal failed; retrying");
                     }
                 },
             }

@@ -23,9 +23,11 @@ pub enum Engine {
     Memory(MemoryStore),
 }
 
-/// The configured backend: its engine, and how long each kind of call takes.
+/// The configured backend: its engine, how long each kind of call takes, and whether the
+/// store answers (see `health`).
 pub struct Backend {
     engine: Engine,
+    health: super::health::Health,
     /// Latency of store calls, by call (`claim`, `settle`, ...).
     calls: Family<CallLabel, Histogram>,
 }
@@ -39,7 +41,11 @@ pub struct CallLabel {
 impl Backend {
     /// A backend over `engine`.
     pub fn new(engine: Engine) -> Self {
-        Self { engine, calls: Family::new_with_constructor(crate::metrics::latency_histogram) }
+        Self {
+            engine,
+            health: super::health::Health::default(),
+            calls: Family::new_with_constructor(crate::metrics::latency_histogram),
+        }
     }
 
     /// Builds the backend named by the config. Redis connects lazily: a gateway starts (and
@@ -86,11 +92,16 @@ impl Backend {
         self.calls.clone()
     }
 
-    /// Runs one store call, timing it under `call`.
-    async fn timed<T>(&self, call: &'static str, work: impl Future<Output = T>) -> T {
+    /// Runs one store call, timing it under `call` and noting whether the store answered.
+    async fn timed<T>(
+        &self,
+        call: &'static str,
+        work: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
         let started = std::time::Instant::now();
         let out = work.await;
         self.calls.get_or_create(&CallLabel { call }).observe(started.elapsed().as_secs_f64());
+        self.health.saw(out.as_ref().err());
         out
     }
 }

@@ -17,6 +17,7 @@
 //! The configured one is a [`Backend`], which also times every call.
 
 mod backend;
+mod health;
 mod index;
 mod memory;
 mod record;

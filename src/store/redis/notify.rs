@@ -23,6 +23,9 @@ pub(super) async fn subscribe(links: Links, channel: String, waiters: Arc<Waiter
     let mut changes = links.changes();
     let mut backoff = Duration::from_millis(100);
     let mut turn = 0usize;
+    // Whether the subscription is down since it was last said (one WARN per outage, not one
+    // per try: a store that stays down for minutes is tried every few seconds).
+    let mut lost = false;
     loop {
         changes.borrow_and_update();
         let clients = links.notify_clients();
@@ -34,6 +37,9 @@ pub(super) async fn subscribe(links: Links, channel: String, waiters: Arc<Waiter
             match opened.await {
                 Ok(Ok(pubsub)) => {
                     subscribed.store(true, Ordering::Release);
+                    if std::mem::take(&mut lost) {
+                        tracing::info!(channel, "store notifications subscribed again");
+                    }
                     backoff = Duration::from_millis(100);
                     let mut messages = pubsub.into_on_message();
                     let moved = loop {
@@ -55,9 +61,18 @@ pub(super) async fn subscribe(links: Links, channel: String, waiters: Arc<Waiter
                         continue;
                     }
                     tracing::warn!(channel, "store notification subscription lost; waiters poll until it is back");
+                    lost = true;
                 }
-                Ok(Err(e)) => tracing::warn!(error = %e, "cannot subscribe to store notifications"),
-                Err(_) => tracing::warn!("subscribing to store notifications timed out"),
+                Ok(Err(e)) if !lost => {
+                    tracing::warn!(error = %e, "cannot subscribe to store notifications; waiters poll until it is back");
+                    lost = true;
+                }
+                Ok(Err(e)) => tracing::debug!(error = %e, "cannot subscribe to store notifications"),
+                Err(_) if !lost => {
+                    tracing::warn!("subscribing to store notifications timed out; waiters poll until it is back");
+                    lost = true;
+                }
+                Err(_) => tracing::debug!("subscribing to store notifications timed out"),
             }
             turn = turn.wrapping_add(1);
         }
