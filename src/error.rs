@@ -18,6 +18,7 @@ use thiserror::Error;
 
 use crate::body::{self, Body, BodyError};
 use crate::metrics::Outcome;
+use crate::policy::errors::{ErrorShape, Values};
 use crate::policy::key::KeyError;
 use crate::policy::scope::ScopeMissing;
 use crate::store::StoreError;
@@ -101,6 +102,31 @@ pub enum GatewayError {
     #[error("internal error: {0}")]
     Internal(String),
 }
+
+/// Every problem type the gateway answers with (the `type` slugs), for `[errors.TYPE]`.
+pub const PROBLEM_TYPES: [&str; 21] = [
+    "no-route",
+    "key-missing",
+    "key-malformed",
+    "body-too-large",
+    "body-unreadable",
+    "body-timeout",
+    "scope-missing",
+    "bad-host",
+    "upgrade-refused",
+    "connection-header",
+    "too-many-new-keys",
+    "in-progress",
+    "key-reused",
+    "overloaded",
+    "outcome-unknown",
+    "store-unavailable",
+    "upstream-unavailable",
+    "upstream-timeout",
+    "shutting-down",
+    "internal",
+    "response-not-stored",
+];
 
 /// How one error is answered, counted and logged.
 #[derive(Debug, Clone)]
@@ -199,24 +225,51 @@ impl Problem {
 
     /// The problem+json response, with `type` = `problem_base` + slug.
     pub fn respond(&self, problem_base: &str) -> Response<Body> {
-        let document = Document {
-            kind: format!("{problem_base}{}", self.slug),
-            title: self.title,
-            status: self.status.as_u16(),
-            detail: &self.detail,
+        self.respond_as(problem_base, &ErrorShape::default())
+    }
+
+    /// The response in `shape` (the API's own error envelope, see `[errors]`), or problem+json
+    /// where the shape leaves it.
+    pub fn respond_as(&self, problem_base: &str, shape: &ErrorShape) -> Response<Body> {
+        let overrides = shape.types.get(self.slug);
+        let status = overrides.and_then(|t| t.status).unwrap_or(self.status);
+        // Whole seconds, rounded up, at least 1: "Retry-After: 0" invites a hot loop.
+        let retry_after = self.retry_after.map(|after| (after.as_secs() + u64::from(after.subsec_nanos() > 0)).max(1));
+        let type_uri = format!("{problem_base}{}", self.slug);
+        let (body, content_type) = match &shape.envelope {
+            Some(envelope) => {
+                let template = overrides.and_then(|t| t.body.as_ref()).unwrap_or(&envelope.body);
+                let values = Values {
+                    kind: self.slug,
+                    type_uri: &type_uri,
+                    title: self.title,
+                    detail: &self.detail,
+                    status: status.as_u16(),
+                    retry_after: retry_after.unwrap_or(0),
+                };
+                (template.render(envelope.kind, &values).into_bytes(), envelope.content_type.clone())
+            }
+            None => {
+                let document =
+                    Document { kind: type_uri, title: self.title, status: status.as_u16(), detail: &self.detail };
+                let json = serde_json::to_vec(&document).unwrap_or_else(|_| b"{}".to_vec());
+                (json, HeaderValue::from_static("application/problem+json"))
+            }
         };
-        let json = serde_json::to_vec(&document).unwrap_or_else(|_| b"{}".to_vec());
-        let mut response = Response::new(body::full(Bytes::from(json)));
-        *response.status_mut() = self.status;
+        let mut response = Response::new(body::full(Bytes::from(body)));
+        *response.status_mut() = status;
         let headers = response.headers_mut();
-        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        if let Some(overrides) = overrides {
+            for (name, value) in &overrides.headers {
+                headers.append(name.clone(), value.clone());
+            }
+        }
+        headers.insert(header::CONTENT_TYPE, content_type);
         if self.close {
             headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
-        if let Some(after) = self.retry_after {
-            // Whole seconds, rounded up, at least 1: "Retry-After: 0" invites a hot loop.
-            let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
-            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
+        if let Some(secs) = retry_after {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
         }
         response
     }

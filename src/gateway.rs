@@ -27,6 +27,7 @@ use crate::idempotent;
 use crate::metrics::{Metrics, Outcome};
 use crate::path;
 use crate::policy::IdempotencyPolicy;
+use crate::policy::errors::ErrorShape;
 use crate::proxy;
 use crate::router::{RouteSpec, Router, RouterError};
 use crate::runtime::{IdempotentRoute, RequestSettings, Route, Routed, Runtime};
@@ -62,6 +63,8 @@ pub struct Gateway {
     runtime: Arc<Runtime>,
     settings: Arc<RequestSettings>,
     route_configs: Vec<RouteConfig>,
+    /// How errors look before a route matched (`[errors]`).
+    errors: Arc<ErrorShape>,
 }
 
 impl Gateway {
@@ -101,7 +104,12 @@ impl Gateway {
                 .get(&r.upstream)
                 .cloned()
                 .ok_or_else(|| SetupError::UnknownUpstream { route: r.name.clone(), upstream: r.upstream.clone() })?;
-            let route = Route { name: r.name.clone(), upstream, metrics: runtime.metrics.route(&r.name) };
+            let route = Route {
+                name: r.name.clone(),
+                upstream,
+                metrics: runtime.metrics.route(&r.name),
+                errors: Arc::clone(&r.errors),
+            };
             routes.push(match &r.idempotency {
                 None => Routed::Plain(Arc::new(route)),
                 Some(policy) => Routed::Idempotent(Arc::new(IdempotentRoute {
@@ -117,7 +125,14 @@ impl Gateway {
             methods: r.methods.as_deref(),
             value: route.clone(),
         }))?;
-        Ok(Self { router, routes, runtime, settings, route_configs: config.routes.clone() })
+        Ok(Self {
+            router,
+            routes,
+            runtime,
+            settings,
+            route_configs: config.routes.clone(),
+            errors: Arc::clone(&config.errors),
+        })
     }
 
     /// What every request, exchange and reloaded gateway shares: the store, the metrics, the
@@ -155,14 +170,15 @@ impl Gateway {
         path::normalize_request(&mut request);
         let routed = self.router.find(request.method(), request.uri().path());
         if let Err(e) = check::request(&request, routed.and_then(Routed::policy)) {
-            return e.problem().respond(self.problem_base());
+            let shape = routed.map_or(&self.errors, |r| &r.route().errors);
+            return e.problem().respond_as(self.problem_base(), shape);
         }
         let method = request.method().clone();
         let Some(routed) = routed else {
             self.runtime.metrics.unmatched();
             let error =
                 GatewayError::NoRoute { method: request.method().clone(), path: request.uri().path().to_owned() };
-            return error.problem().respond(self.problem_base());
+            return error.problem().respond_as(self.problem_base(), &self.errors);
         };
         let mut trace = Trace::default();
         let result = match routed {
@@ -182,7 +198,7 @@ impl Gateway {
             Err(e) => {
                 let problem = e.problem();
                 problem.log(&route.name, &e);
-                (problem.outcome, problem.respond(self.problem_base()))
+                (problem.outcome, problem.respond_as(self.problem_base(), &route.errors))
             }
         };
         route.metrics.outcome(outcome);

@@ -17,6 +17,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::metrics::{Metrics, RouteMetrics};
 use crate::policy::IdempotencyPolicy;
+use crate::policy::errors::ErrorShape;
 use crate::policy::key::IdempotencyKey;
 use crate::policy::scope::Scope;
 use crate::store::{Backend, RecordKey};
@@ -73,6 +74,8 @@ pub struct Route {
     pub upstream: Arc<Upstream>,
     /// Its counters.
     pub metrics: RouteMetrics,
+    /// How the gateway's errors look on it.
+    pub errors: Arc<ErrorShape>,
 }
 
 /// What the request path reads of `[server]`; a reload applies it, like the routes.

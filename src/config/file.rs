@@ -25,6 +25,61 @@ pub struct File {
     /// Routes, matched on method and path.
     #[serde(default)]
     pub routes: Vec<RouteSection>,
+    /// The gateway's errors in the API's own shape; problem+json when absent.
+    #[serde(default)]
+    pub errors: Option<ErrorsSection>,
+}
+
+/// `[errors]` and `[routes.errors]`: a content type and a body template, and per problem type
+/// (`[errors.key-reused]`, ...) its own status, body and headers.
+#[derive(Debug, Default)]
+pub struct ErrorsSection {
+    /// `application/json` (or `application/*+json`) or `text/plain`.
+    pub content_type: Option<String>,
+    /// The body template for every problem type without one of its own.
+    pub body: Option<String>,
+    /// `[errors.TYPE]`, by problem type.
+    pub types: BTreeMap<String, ErrorTypeSection>,
+}
+
+/// `[errors.TYPE]`
+#[derive(Debug, Default, Deserialize)]
+pub struct ErrorTypeSection {
+    /// The status instead of the gateway's.
+    pub status: Option<i64>,
+    /// The body template instead of the section's.
+    pub body: Option<String>,
+    /// Headers added to the answer, e.g. `{ "Stripe-Should-Retry" = "false" }`.
+    pub headers: Option<BTreeMap<String, String>>,
+}
+
+// By hand: the section's own keys sit beside its `[errors.TYPE]` tables, which any other key
+// names. (serde's `flatten` would hide misspelt keys inside those tables.)
+impl<'de> Deserialize<'de> for ErrorsSection {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = ErrorsSection;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a table with content_type, body and [errors.TYPE] tables")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<ErrorsSection, A::Error> {
+                let mut out = ErrorsSection::default();
+                while let Some(key) = map.next_key::<String>()? {
+                    match key.as_str() {
+                        "content_type" => out.content_type = Some(map.next_value()?),
+                        "body" => out.body = Some(map.next_value()?),
+                        _ => {
+                            let section = map.next_value::<ErrorTypeSection>()?;
+                            out.types.insert(key, section);
+                        }
+                    }
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_map(V)
+    }
 }
 
 /// `[server]`
@@ -132,6 +187,8 @@ pub struct RouteSection {
     pub upstream: String,
     /// Makes the route idempotent; without it the route is a streaming pass-through proxy.
     pub idempotency: Option<IdempotencySection>,
+    /// This route's errors in the API's own shape, over `[errors]`.
+    pub errors: Option<ErrorsSection>,
 }
 
 /// `[routes.idempotency]`

@@ -30,6 +30,7 @@ use thiserror::Error;
 
 use crate::forwarded::TrustedProxies;
 use crate::policy::IdempotencyPolicy;
+use crate::policy::errors::ErrorShape;
 
 /// The validated configuration of one gateway process.
 #[derive(Debug, Clone)]
@@ -42,6 +43,8 @@ pub struct Config {
     pub upstreams: Vec<UpstreamConfig>,
     /// Routes, in file order.
     pub routes: Vec<RouteConfig>,
+    /// How the gateway's errors look before a route matched (`[errors]`).
+    pub errors: Arc<ErrorShape>,
     /// Settings that are valid but risky, each with its reason (printed by `check`, logged at
     /// startup).
     pub warnings: Vec<Issue>,
@@ -197,6 +200,8 @@ pub struct RouteConfig {
     pub upstream: String,
     /// The idempotency policy; `None` makes the route a plain streaming proxy.
     pub idempotency: Option<Arc<IdempotencyPolicy>>,
+    /// How the gateway's errors look on this route (`[errors]` with `[routes.errors]` over it).
+    pub errors: Arc<ErrorShape>,
 }
 
 /// Why a configuration was refused.

@@ -12,10 +12,10 @@ use serde::de::DeserializeOwned;
 use toml::de::{DeTable, DeValue};
 
 use super::Issue;
-use super::file::{File, RouteSection, ServerSection, StoreSection, UpstreamSection};
+use super::file::{ErrorsSection, File, RouteSection, ServerSection, StoreSection, UpstreamSection};
 
 /// The sections a file may have.
-const SECTIONS: [&str; 4] = ["server", "store", "upstreams", "routes"];
+const SECTIONS: [&str; 5] = ["server", "store", "upstreams", "routes", "errors"];
 
 /// Where each key of a file is, by dotted path (`routes[0].idempotency.lease`).
 #[derive(Debug, Default)]
@@ -113,8 +113,14 @@ pub fn read(text: &str) -> Result<Read, SyntaxError> {
     let store = reader.section::<StoreSection>("store", table.get("store"));
     let upstreams = reader.upstreams(table.get("upstreams"));
     let routes = reader.routes(table.get("routes"));
-    let file = match (server, store, upstreams, routes) {
-        (Some(server), Some(store), Some(upstreams), Some(routes)) => Some(File { server, store, upstreams, routes }),
+    let errors = match table.get("errors") {
+        None => Some(None),
+        Some(value) => reader.value::<ErrorsSection>("errors", value.clone()).map(Some),
+    };
+    let file = match (server, store, upstreams, routes, errors) {
+        (Some(server), Some(store), Some(upstreams), Some(routes), Some(errors)) => {
+            Some(File { server, store, upstreams, routes, errors })
+        }
         _ => None,
     };
     Ok(Read { file, lines: reader.lines, issues: reader.issues })

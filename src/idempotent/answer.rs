@@ -10,6 +10,7 @@ use http::{HeaderName, HeaderValue, Response, header, response};
 use crate::body::{self, Body};
 use crate::error::Problem;
 use crate::metrics::Outcome;
+use crate::policy::errors::ErrorShape;
 use crate::store::StoredResponse;
 
 /// How a request is counted, and its response.
@@ -42,8 +43,13 @@ pub fn reconciled(stored: StoredResponse, replay_header: &HeaderName) -> Respons
 /// The response for a retry of a request that ran but whose body was too large to store: a
 /// problem `response-not-stored` with the original status and the stored headers (a
 /// `Location` still says where the resource is), and the replay header. Never a re-run.
-pub fn not_stored(head: StoredResponse, replay_header: &HeaderName, problem_base: &str) -> Response<Body> {
-    let mut response = Problem::not_stored(head.status).respond(problem_base);
+pub fn not_stored(
+    head: StoredResponse,
+    replay_header: &HeaderName,
+    problem_base: &str,
+    shape: &ErrorShape,
+) -> Response<Body> {
+    let mut response = Problem::not_stored(head.status).respond_as(problem_base, shape);
     for (name, value) in &head.headers {
         // The problem document brings its own type and length.
         if name != header::CONTENT_TYPE && name != header::CONTENT_LENGTH && name != header::CONTENT_ENCODING {

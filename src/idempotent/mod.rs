@@ -35,6 +35,7 @@ mod reconcile;
 mod settle;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::{HeaderValue, Request};
 use hyper::body::Incoming;
@@ -71,7 +72,8 @@ pub async fn handle(
             }
         };
     trace.record = Some(record.short().to_owned());
-    let mut ctx = Ctx { route, record, key, scope, fingerprint, owner: OwnerToken::generate(), trace };
+    let owner = OwnerToken::generate();
+    let mut ctx = Ctx { route, record, key, scope, fingerprint, owner, trace, holder_ran: Duration::ZERO };
 
     let mut claimed = claim::claim(rt, &mut ctx, &fingerprint).await;
     // An unknown outcome on a route that reconciles: ask the upstream (once per request).
@@ -109,11 +111,15 @@ pub async fn handle(
             return Ok((Outcome::Replayed, answer::replay(stored, &route.policy.replay_header)));
         }
         Ok(Claim::NotStored(head)) => {
-            let response = answer::not_stored(head, &route.policy.replay_header, &route.settings.problem_base);
+            let response =
+                answer::not_stored(head, &route.policy.replay_header, &route.settings.problem_base, &route.errors);
             return Ok((Outcome::Replayed, response));
         }
         Ok(Claim::Unknown { .. }) => return Err(GatewayError::OutcomeUnknown { timed_out: false, retry_after: None }),
-        Ok(Claim::InFlight { lease_left }) => return Err(GatewayError::InFlight { retry_after: lease_left }),
+        Ok(Claim::InFlight { lease_left }) => {
+            let retry_after = claim::retry_after(route, lease_left, ctx.holder_ran);
+            return Err(GatewayError::InFlight { retry_after });
+        }
         Ok(Claim::Mismatch) => return Err(GatewayError::Mismatch),
         Err(e) => return store_failed(rt, ctx, e, connection, Request::from_parts(parts, body)).await,
     };

@@ -10,6 +10,7 @@
 //! live apart from the request path that applies them: the configuration builds them, the
 //! store names records by them, the request path reads requests with them.
 
+pub mod errors;
 pub mod fingerprint;
 pub mod key;
 pub mod reconcile;

@@ -6,13 +6,17 @@
 //! `[[routes]]` with their policies); the checks shared by all of them, and the warnings, are
 //! here.
 
+mod errors;
 mod routes;
 mod server;
 mod store;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::HeaderName;
+
+use crate::policy::errors::ErrorShape;
 
 use super::file::File;
 use super::units::{HumanDuration, HumanSize};
@@ -40,9 +44,12 @@ pub(super) fn build(file: File, env: &dyn Fn(&str) -> Option<String>) -> Result<
     let store = store::store(&file.store, env, &mut issues);
     let upstreams: Vec<UpstreamConfig> =
         file.upstreams.iter().filter_map(|(name, section)| routes::upstream(name, section, &mut issues)).collect();
-    let routes = routes::routes(&file, &mut issues);
-    match (server, store, issues.0.is_empty()) {
-        (Some(server), Some(store), true) => Ok(Config { server, store, upstreams, routes, warnings: Vec::new() }),
+    let errors = errors::shape("errors", file.errors.as_ref(), &ErrorShape::default(), &mut issues).map(Arc::new);
+    let routes = routes::routes(&file, errors.as_deref().unwrap_or(&ErrorShape::default()), &mut issues);
+    match (server, store, errors, issues.0.is_empty()) {
+        (Some(server), Some(store), Some(errors), true) => {
+            Ok(Config { server, store, upstreams, routes, errors, warnings: Vec::new() })
+        }
         _ => Err(issues.0),
     }
 }

@@ -11,6 +11,7 @@ use crate::config::defaults;
 use crate::config::file::{self, File, IdempotencySection, OneOrMany, ReconcileSection, StatusEntry};
 use crate::config::{RouteConfig, UpstreamConfig};
 use crate::headers::{self, StoredHeaders};
+use crate::policy::errors::ErrorShape;
 use crate::policy::fingerprint::{FingerprintSpec, JsonPointer};
 use crate::policy::reconcile::{LookupPath, Reconcile};
 use crate::policy::scope::{MissingScope, ScopeSource};
@@ -51,7 +52,7 @@ fn upstream_url(text: &str) -> Result<Uri, String> {
     Ok(uri)
 }
 
-pub(super) fn routes(file: &File, issues: &mut Issues) -> Vec<RouteConfig> {
+pub(super) fn routes(file: &File, errors: &ErrorShape, issues: &mut Issues) -> Vec<RouteConfig> {
     if file.routes.is_empty() {
         issues.add("routes", "no [[routes]] are defined; the gateway would answer 404 to everything");
     }
@@ -69,12 +70,15 @@ pub(super) fn routes(file: &File, issues: &mut Issues) -> Vec<RouteConfig> {
         }
         let methods = r.methods.as_ref().map(|ms| methods(&format!("{key}.methods"), ms, issues));
         let idempotency = r.idempotency.as_ref().and_then(|s| policy(&format!("{key}.idempotency"), s, issues));
+        let errors = super::errors::shape(&format!("{key}.errors"), r.errors.as_ref(), errors, issues)
+            .map_or_else(|| Arc::new(errors.clone()), Arc::new);
         out.push(RouteConfig {
             name: r.name.clone(),
             methods,
             path: r.path.clone(),
             upstream: r.upstream.clone(),
             idempotency: idempotency.map(Arc::new),
+            errors,
         });
     }
     let specs =
