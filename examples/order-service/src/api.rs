@@ -16,6 +16,7 @@ use serde_json::{Map, Value, json};
 use crate::auth::{self, User};
 use crate::db::{Database, Insert, NewOrder, Order};
 use crate::error::ApiError;
+use crate::fault::{self, Fault, Options};
 use crate::key;
 
 pub const BACKSTOP_HEADER: HeaderName = HeaderName::from_static("idempotency-backstop");
@@ -24,12 +25,18 @@ pub const BACKSTOP_HEADER: HeaderName = HeaderName::from_static("idempotency-bac
 struct AppState {
     db: Database,
     backstop_hits: Arc<AtomicU64>,
+    options: Options,
 }
 
-/// The service's routes over `db`. The backstop counter lives in the returned router, so
-/// each call starts a fresh count.
+/// The service's routes over `db`, with the default [`Options`] (no demo faults). The
+/// backstop counter lives in the returned router, so each call starts a fresh count.
 pub fn router(db: Database) -> Router {
-    let state = AppState { db, backstop_hits: Arc::new(AtomicU64::new(0)) };
+    router_with(db, Options::default())
+}
+
+/// [`router`] with `options`.
+pub fn router_with(db: Database, options: Options) -> Router {
+    let state = AppState { db, backstop_hits: Arc::new(AtomicU64::new(0)), options };
     Router::new()
         .route("/orders", post(create_order))
         // A literal segment outranks `{id}` in axum's router, whatever the order here.
@@ -64,9 +71,26 @@ async fn create_order(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
+    let response = make_order(&state, &headers, body).await?;
+    // A demo fault applies to an answer that says the order exists: the order is made (or
+    // was already there), and only then is the answer lost. Errors are answered as usual.
+    match state.options.fault(&headers) {
+        Some(Fault::DropAnswer) => {
+            tracing::warn!("demo fault drop-answer: the order is stored; breaking its answer off");
+            Ok(fault::drop_answer(response).await)
+        }
+        None => Ok(response),
+    }
+}
+
+async fn make_order(
+    state: &AppState,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
     // Who asks comes first: an anonymous caller learns nothing about keys or payloads.
-    let user = auth::from_headers(&headers)?;
-    let idem_key = key::from_headers(&headers)?;
+    let user = auth::from_headers(headers)?;
+    let idem_key = key::from_headers(headers)?;
     let body =
         body.map_err(|rejection| ApiError::Body { status: rejection.status(), message: rejection.body_text() })?;
     let order = parse_order(&body, &user, idem_key)?;

@@ -4,7 +4,7 @@ use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::Parser;
-use order_service::{Database, DbError, Error, serve};
+use order_service::{Database, DbError, Error, Options, serve_with};
 use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
 
@@ -18,6 +18,12 @@ struct Args {
     /// Database URL: sqlite:PATH (created if missing) or postgres://USER@HOST:PORT/DB.
     #[arg(long, value_name = "URL", default_value = "sqlite:orders.db")]
     database: String,
+    /// For demos only: honour the request header `X-Demo-Fault: drop-answer` on POST
+    /// /orders, which makes the order and then breaks its answer off (the head and part of
+    /// the body are sent, then the connection is closed). Off by default: the header is
+    /// ignored.
+    #[arg(long)]
+    demo_faults: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -60,10 +66,13 @@ async fn run(args: Args) -> Result<(), StartupError> {
         .map_err(|source| StartupError::Bind { addr: args.listen.clone(), source })?;
     let addr = listener.local_addr().map_err(|source| StartupError::Bind { addr: args.listen, source })?;
     tracing::info!(backend = db.backend(), "listening on {addr}");
+    if args.demo_faults {
+        tracing::warn!("demo faults are on: X-Demo-Fault: drop-answer breaks the answer to POST /orders off");
+    }
     // One machine-readable line on stdout, for scripts that start the service on port 0.
     println!("order-service listening listen={addr}");
     let _ = std::io::Write::flush(&mut std::io::stdout());
-    serve(listener, db, shutdown).await?;
+    serve_with(listener, db, Options { demo_faults: args.demo_faults }, shutdown).await?;
     tracing::info!("shut down cleanly");
     Ok(())
 }

@@ -6,8 +6,8 @@ use std::net::SocketAddr;
 use std::process::Stdio;
 use std::time::Duration;
 
-use axum::http::StatusCode;
-use common::{HttpClient, TestDb, order_json, rows};
+use axum::http::{Method, StatusCode};
+use common::{HttpClient, TestDb, bearer, order_json, rows};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
@@ -15,8 +15,14 @@ const BIN: &str = env!("CARGO_BIN_EXE_order-service");
 
 /// Starts the binary on port 0 and reads the bound address from its startup log line.
 async fn spawn(database: &str) -> (Child, SocketAddr) {
+    spawn_with(database, &[]).await
+}
+
+/// [`spawn`] with more flags.
+async fn spawn_with(database: &str, flags: &[&str]) -> (Child, SocketAddr) {
     let mut child = Command::new(BIN)
         .args(["--listen", "127.0.0.1:0", "--database", database])
+        .args(flags)
         .env("RUST_LOG", "info")
         .stderr(Stdio::piped())
         .kill_on_drop(true)
@@ -94,4 +100,49 @@ async fn unsupported_database_url_fails_without_echoing_it() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("unsupported database URL scheme \"mysql\""), "{stderr}");
     assert!(!stderr.contains("secret"), "{stderr}");
+}
+
+/// POST /orders as `frank` with `key` and `X-Demo-Fault: drop-answer`: whether the answer
+/// arrived whole, and the status.
+async fn post_with_fault(client: &HttpClient, key: &str) -> (StatusCode, bool) {
+    let auth = bearer("frank");
+    let headers = [
+        ("content-type", "application/json"),
+        ("authorization", auth.as_str()),
+        ("idempotency-key", key),
+        ("x-demo-fault", "drop-answer"),
+    ];
+    let res = client.try_request(Method::POST, "/orders", &headers, &order_json("frank", "SKU-3", 1)).await;
+    (res.status, res.body.is_ok())
+}
+
+#[tokio::test]
+async fn demo_faults_flag_turns_the_fault_header_on() {
+    let db = TestDb::sqlite();
+    let (mut child, addr) = spawn_with(db.url(), &["--demo-faults"]).await;
+    let client = HttpClient::new(addr);
+    assert_eq!(post_with_fault(&client, "cli-drop").await, (StatusCode::CREATED, false), "the answer should break off");
+    let found = client.lookup("frank", "cli-drop").await;
+    assert_eq!(found.status, StatusCode::OK, "{}", found.text());
+    signal_and_wait(&mut child, "TERM").await;
+    assert_eq!(rows(db.url()).await.len(), 1);
+}
+
+#[tokio::test]
+async fn without_demo_faults_the_fault_header_is_ignored() {
+    let db = TestDb::sqlite();
+    let (mut child, addr) = spawn(db.url()).await;
+    let client = HttpClient::new(addr);
+    assert_eq!(post_with_fault(&client, "cli-drop").await, (StatusCode::CREATED, true), "the answer should be whole");
+    signal_and_wait(&mut child, "TERM").await;
+    assert_eq!(rows(db.url()).await.len(), 1);
+}
+
+#[tokio::test]
+async fn help_documents_demo_faults() {
+    let out = Command::new(BIN).arg("--help").output().await.expect("run order-service --help");
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains("--demo-faults"), "{help}");
+    assert!(help.contains("X-Demo-Fault: drop-answer"), "{help}");
 }

@@ -14,7 +14,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use order_service::{Database, Error};
+use order_service::{Database, Error, Options};
 use sqlx::Connection;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -142,6 +142,20 @@ impl Response {
     }
 }
 
+/// A response whose body may have broken off.
+pub struct PartialResponse {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    /// The whole body, or the client's error reading it.
+    pub body: Result<Bytes, String>,
+}
+
+impl PartialResponse {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).map(|v| v.to_str().expect("ASCII header"))
+    }
+}
+
 #[derive(Clone)]
 pub struct HttpClient {
     base: String,
@@ -154,6 +168,20 @@ impl HttpClient {
     }
 
     pub async fn request(&self, method: Method, path: &str, headers: &[(&str, &str)], body: &str) -> Response {
+        let res = self.try_request(method, path, headers, body).await;
+        let body = res.body.unwrap_or_else(|err| panic!("read body: {err}"));
+        Response { status: res.status, headers: res.headers, body }
+    }
+
+    /// Like [`Self::request`], but a body that cannot be read in full is an `Err` (with the
+    /// client's error), not a panic: for answers that are meant to break off.
+    pub async fn try_request(
+        &self,
+        method: Method,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &str,
+    ) -> PartialResponse {
         let mut req = Request::builder().method(method).uri(format!("{}{path}", self.base));
         for (name, value) in headers {
             req = req.header(*name, *value);
@@ -164,8 +192,12 @@ impl HttpClient {
             .expect("request timed out")
             .expect("send request");
         let (parts, body) = res.into_parts();
-        let body = body.collect().await.expect("read body").to_bytes();
-        Response { status: parts.status, headers: parts.headers, body }
+        let body = tokio::time::timeout(Duration::from_secs(10), body.collect())
+            .await
+            .expect("reading the body timed out")
+            .map(|collected| collected.to_bytes())
+            .map_err(|err| format!("{err:?}"));
+        PartialResponse { status: parts.status, headers: parts.headers, body }
     }
 
     /// POST /orders as `user` (`Authorization: Bearer <user>`) with an optional raw
@@ -213,11 +245,16 @@ pub struct Service {
 
 impl Service {
     pub async fn start(url: &str) -> Self {
+        Self::start_with(url, Options::default()).await
+    }
+
+    /// The service with `options` (demo faults), as `--demo-faults` starts the binary.
+    pub async fn start_with(url: &str, options: Options) -> Self {
         let db = Database::connect(url).await.expect("connect service database");
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("local addr");
         let (shutdown, stop) = oneshot::channel::<()>();
-        let task = tokio::spawn(order_service::serve(listener, db, async {
+        let task = tokio::spawn(order_service::serve_with(listener, db, options, async {
             let _ = stop.await;
         }));
         Self { addr, client: HttpClient::new(addr), shutdown: Some(shutdown), task }
