@@ -221,6 +221,9 @@ async fn an_answer_lost_after_executing_is_found_and_replayed(store: StoreKind) 
     orders.set(Post::DropAfter);
     let lost = post(&client, "k-after").await;
     assert_eq!((lost.status.as_u16(), lost.problem().as_str()), (502, "outcome-unknown"));
+    // The first client is told to retry with the same key, not to make a new one.
+    assert!(lost.json()["detail"].as_str().unwrap().contains("retry with the same key"), "{:?}", lost.body);
+    assert_eq!(lost.header("retry-after"), Some("1"));
     assert_eq!(key_state(&gw, "k-after").await["state"], "unknown");
 
     orders.set(Post::Answer);

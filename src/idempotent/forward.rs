@@ -244,8 +244,11 @@ impl Exchange {
                 let closed = matches!(e, UpstreamError::Failed { .. });
                 let done = settle.unknown(lease, trusted_in(closed)).await;
                 held = done.holds();
+                // On a route that reconciles, the client's retry with the same key is what gets
+                // the answer: say so, and when (the lookup the gateway makes by itself).
+                let retry_after = policy.reconcile.as_ref().map(|r| r.after.unwrap_or(Duration::from_secs(1)));
                 match done {
-                    UnknownOutcomePolicy::Hold => Err(GatewayError::OutcomeUnknown { timed_out, retry_after: None }),
+                    UnknownOutcomePolicy::Hold => Err(GatewayError::OutcomeUnknown { timed_out, retry_after }),
                     UnknownOutcomePolicy::Release => Err(e.into()),
                 }
             }
