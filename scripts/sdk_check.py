@@ -3,7 +3,9 @@
 The official Stripe Python SDK sends `Idempotency-Key` on every POST and retries by itself
 (on connection errors, 409 and 5xx). It is pointed at the gateway, in front of a fake payments
 API on loopback that counts every charge it executes and can look a charge up by caller and
-key (`GET /v1/charges/lookup`, Idempotency-Key and Authorization headers). Four cases:
+key (`GET /v1/charges/lookup`, Idempotency-Key and Authorization headers). The gateway's own
+errors are problem+json on the first two gateways and Stripe's envelope on the third
+(STRIPE_ERRORS, the recipe of docs/errors.md). Eight cases:
 
 1. the API executes the charge and the connection dies before the answer: the SDK retries
    with the same key, and the charge must not be made twice;
@@ -12,7 +14,17 @@ key (`GET /v1/charges/lookup`, Idempotency-Key and Authorization headers). Four 
 3. the caller retries a finished charge with the same key: the stored charge comes back;
 4. as 1, through a second gateway whose route reconciles (`[routes.idempotency.reconcile]`
    with the lookup): the SDK's own retry of the 502 gets the charge the API made, marked
-   `Idempotency-Status: reconciled`, and the charge is still made once.
+   `Idempotency-Status: reconciled`, and the charge is still made once;
+5. the caller sends a key again with another amount, problem+json: the SDK cannot read the
+   gateway's answer and raises a generic APIError ("Invalid response object"), the contrast
+   to 6;
+6. as 5, through the Stripe-shaped gateway: the SDK raises IdempotencyError (400
+   idempotency_error), and the charge is made once;
+7. a duplicate while the first charge is still running, through the Stripe-shaped gateway:
+   the gateway's short `wait` ends in 409 idempotency_key_in_use, which the SDK retries by
+   itself until it gets the first one's charge, and the charge is made once;
+8. as 1, through the Stripe-shaped gateway: `Stripe-Should-Retry: false` on outcome-unknown,
+   so the SDK does not retry what cannot succeed and raises the 502 at once.
 
 Run by scripts/sdk-check, which installs the SDK and builds the gateway.
 """
@@ -25,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections import defaultdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -40,6 +53,7 @@ class Api:
         self.charges = {}  # (authorization, key) -> the charge made
         self.lookups = defaultdict(int)  # key -> lookups asked
         self.plan = {}  # key prefix -> list of behaviours for successive executions
+        self.slow = 1.5  # seconds a "slow" execution takes
 
     def behaviour(self, key):
         with self.lock:
@@ -67,6 +81,8 @@ class Handler(BaseHTTPRequestHandler):
             API.executed[key].append(self.headers.get("idempotency-attempt"))
             n = len(API.executed[key])
         behaviour = API.behaviour(key)
+        if behaviour == "slow":
+            time.sleep(API.slow)
         if behaviour == "fail":
             self.reply(500, {"error": {"type": "api_error", "message": "try again"}})
             return
@@ -128,7 +144,7 @@ upstream = "payments"
 
 [routes.idempotency]
 scope = "header:Authorization"
-{reconcile}
+{idempotency}
 [[routes]]
 name = "rest"
 path = "/{{*rest}}"
@@ -145,10 +161,60 @@ after = "off"
 """
 
 
-def start_gateway(binary, api_port, workdir, name, reconcile=""):
+# The gateway's errors in Stripe's envelope, for the whole file: key reuse is Stripe's 400
+# idempotency_error (IdempotencyError in the SDKs), a running duplicate is its 409
+# idempotency_key_in_use (which the SDKs retry), and outcome-unknown tells the SDK not to retry
+# (nothing reconciles it on this gateway, so a retry would only get the same 502).
+STRIPE_ERRORS = """
+[errors]
+content_type = "application/json"
+body = '{"error": {"type": "api_error", "code": "{type}", "message": "{detail}", "doc_url": "{type_uri}"}}'
+
+[errors.key-reused]
+status = 400
+body = '{"error": {"type": "idempotency_error", "message": "{detail}"}}'
+
+[errors.in-progress]
+body = '{"error": {"type": "idempotency_error", "code": "idempotency_key_in_use", "message": "{detail}"}}'
+
+[errors.outcome-unknown]
+headers = { "Stripe-Should-Retry" = "false" }
+"""
+
+# A duplicate waits this long for the first request, well short of a "slow" execution, so
+# that it gets 409 in-progress while the first still runs.
+SHORT_WAIT = 'wait = "200ms"\n'
+
+
+class Recorder(stripe.RequestsClient):
+    """The SDK's own HTTP client, noting every answer it got (retries included), per key."""
+
+    def __init__(self):
+        super().__init__()
+        self.lock = threading.Lock()
+        self.answers = defaultdict(list)  # key -> [(status, body, headers)]
+
+    def request(self, method, url, headers, post_data=None):
+        content, status, rheaders = super().request(method, url, headers, post_data)
+        key = {k.lower(): v for k, v in (headers or {}).items()}.get("idempotency-key", "")
+        body = content.decode() if isinstance(content, bytes) else content
+        with self.lock:
+            self.answers[key].append((status, body, {k.lower(): v for k, v in rheaders.items()}))
+        return content, status, rheaders
+
+
+def error_doc(body):
+    try:
+        return json.loads(body).get("error") or {}
+    except (ValueError, AttributeError):
+        return {}
+
+
+def start_gateway(binary, api_port, workdir, name, idempotency="", errors=""):
     path = os.path.join(workdir, f"{name}.toml")
     with open(path, "w") as f:
-        f.write(CONFIG.format(port=api_port, reconcile=reconcile))
+        # The error templates are full of braces: added after the format, not through it.
+        f.write(CONFIG.format(port=api_port, idempotency=idempotency) + errors)
     log = os.path.join(workdir, f"{name}.log")
     proc = subprocess.Popen([binary, "--config", path], stdout=subprocess.PIPE,
                             stderr=open(log, "w"), text=True)
@@ -173,6 +239,10 @@ def main():
     gateway, address = start_gateway(binary, server.server_address[1], workdir, "gateway")
     reconciling, reconciling_address = start_gateway(
         binary, server.server_address[1], workdir, "reconciling", RECONCILE)
+    shaped, shaped_address = start_gateway(
+        binary, server.server_address[1], workdir, "stripe-shaped", SHORT_WAIT, STRIPE_ERRORS)
+    recorder = Recorder()
+    stripe.default_http_client = recorder
     stripe.api_key = "sk_test_idemgate"
     stripe.api_base = f"http://{address}"
     stripe.max_network_retries = 3
@@ -186,11 +256,12 @@ def main():
         except stripe.APIError as e:
             error = e
         runs = API.executed["lost-1"]
+        sent = len(recorder.answers["lost-1"])
         results.append(check(
             "answer lost after the charge",
             len(runs) == 1 and error is not None and error.http_status == 502
-            and "outcome-unknown" in str(error.json_body),
-            f"the API executed it {len(runs)} time(s); the SDK retried and gave up with "
+            and "outcome-unknown" in str(error.json_body) and sent > 1,
+            f"the API executed it {len(runs)} time(s); the SDK sent it {sent} time(s) and gave up with "
             f"HTTP {getattr(error, 'http_status', None)} "
             f"{(error.json_body or {}).get('type', '') if error else ''}"))
 
@@ -231,8 +302,104 @@ def main():
             f"{API.lookups['recon-1']} lookup(s); "
             f"the SDK got {charge['id']} (the API made {made['id'] if made else None}), "
             f"Idempotency-Status: {headers.get('idempotency-status')}"))
+
+        # 5. A key sent again with another amount, problem+json: the SDK looks for Stripe's
+        # "error" member, finds none, and can only say the answer is not one of Stripe's.
+        stripe.api_base = f"http://{address}"
+        first = stripe.Charge.create(amount=5000, currency="usd", idempotency_key="plain-reuse-1")
+        error = None
+        try:
+            stripe.Charge.create(amount=5100, currency="usd", idempotency_key="plain-reuse-1")
+        except stripe.StripeError as e:
+            error = e
+        runs = API.executed["plain-reuse-1"]
+        results.append(check(
+            "key reused, problem+json (before the recipe)",
+            type(error) is stripe.APIError and error.http_status == 422
+            and "Invalid response object" in str(error) and len(runs) == 1,
+            f"the SDK raised {type(error).__name__} HTTP {getattr(error, 'http_status', None)} "
+            f"{str(error).split(':')[0]!r}; executed {len(runs)} time(s)"))
+
+        # 6. The same through the Stripe-shaped gateway: IdempotencyError, as from Stripe.
+        stripe.api_base = f"http://{shaped_address}"
+        first = stripe.Charge.create(amount=6000, currency="usd", idempotency_key="reuse-1")
+        error = None
+        try:
+            stripe.Charge.create(amount=6100, currency="usd", idempotency_key="reuse-1")
+        except stripe.StripeError as e:
+            error = e
+        runs = API.executed["reuse-1"]
+        results.append(check(
+            "key reused, Stripe-shaped",
+            isinstance(error, stripe.IdempotencyError) and not isinstance(error, stripe.APIError)
+            and error.http_status == 400 and first["amount"] == 6000 and len(runs) == 1,
+            f"first charge {first['id']}; the reuse raised {type(error).__name__} "
+            f"HTTP {getattr(error, 'http_status', None)}: {getattr(error, 'user_message', None)!r}; "
+            f"executed {len(runs)} time(s)"))
+
+        # 7. A duplicate while the first still runs (for API.slow seconds). The gateway holds it
+        # for its 200ms wait, then answers 409 idempotency_key_in_use; the SDK retries any 409
+        # by itself (stripe-python's _should_retry), with the same key, until the first has
+        # finished and its charge comes back.
+        API.plan["slow"] = ["slow"]
+        outcome = {}
+
+        def first_create():
+            try:
+                outcome["charge"] = stripe.Charge.create(
+                    amount=7000, currency="usd", idempotency_key="slow-1")
+            except Exception as e:  # reported below
+                outcome["error"] = e
+
+        thread = threading.Thread(target=first_create)
+        thread.start()
+        deadline = time.monotonic() + 5
+        while not API.executed["slow-1"] and time.monotonic() < deadline:
+            time.sleep(0.01)  # until the first is running at the API
+        duplicate, error = None, None
+        try:
+            duplicate = stripe.Charge.create(amount=7000, currency="usd", idempotency_key="slow-1",
+                                             max_network_retries=4)
+        except stripe.StripeError as e:
+            error = e
+        thread.join(timeout=10)
+        charge = outcome.get("charge")
+        runs = API.executed["slow-1"]
+        statuses = [status for status, _, _ in recorder.answers["slow-1"]]
+        in_use = [error_doc(body).get("code") for status, body, _ in recorder.answers["slow-1"]
+                  if status == 409]
+        results.append(check(
+            "duplicate while the first runs, Stripe-shaped",
+            charge is not None and duplicate is not None and duplicate["id"] == charge["id"]
+            and in_use and all(code == "idempotency_key_in_use" for code in in_use)
+            and len(runs) == 1,
+            f"the first got {charge['id'] if charge else outcome.get('error')}, the duplicate got "
+            f"{duplicate['id'] if duplicate else repr(error)}, retrying by itself after "
+            f"{len(in_use)} x 409 {in_use[0] if in_use else None} (answers to both: {statuses}); "
+            f"executed {len(runs)} time(s)"))
+
+        # 8. Executed, then the connection died, through the Stripe-shaped gateway, whose route
+        # does not reconcile: Stripe-Should-Retry: false, and the SDK raises the 502 at once.
+        API.plan["shaped-lost"] = ["drop"]
+        error = None
+        try:
+            stripe.Charge.create(amount=8000, currency="usd", idempotency_key="shaped-lost-1")
+        except stripe.StripeError as e:
+            error = e
+        runs = API.executed["shaped-lost-1"]
+        answers = recorder.answers["shaped-lost-1"]
+        results.append(check(
+            "answer lost after the charge, Stripe-shaped",
+            isinstance(error, stripe.APIError) and error.http_status == 502
+            and error_doc(error.http_body).get("code") == "outcome-unknown"
+            and [status for status, _, _ in answers] == [502]
+            and answers[0][2].get("stripe-should-retry") == "false" and len(runs) == 1,
+            f"the API executed it {len(runs)} time(s); the SDK sent {len(answers)} request(s) "
+            f"(Stripe-Should-Retry: {answers[0][2].get('stripe-should-retry') if answers else None}) "
+            f"and raised {type(error).__name__} HTTP {getattr(error, 'http_status', None)} "
+            f"{error_doc(getattr(error, 'http_body', None)).get('code')}"))
     finally:
-        for proc in (gateway, reconciling):
+        for proc in (gateway, reconciling, shaped):
             proc.terminate()
             proc.wait(timeout=10)
         server.shutdown()
