@@ -1,8 +1,9 @@
 //! Admin listener: health, readiness, metrics, and inspect/purge of one key.
 //!
 //! It listens on its own address so that it can be kept off the public network. The key
-//! endpoints can purge records (after which a retry would run again upstream), so they are
-//! off unless `server.admin_token` is set, and then require `Authorization: Bearer <token>`.
+//! endpoints can purge records (after which a retry would run again upstream), so they, and
+//! `/routes` and `/reload`, are off unless `server.admin_token` (or `admin_token_env`) is set,
+//! and then require `Authorization: Bearer <token>`.
 //!
 //! ```text
 //! GET    /healthz                                 200 while the process runs (HEAD too)
@@ -205,12 +206,15 @@ async fn refresh_unknown_records(admin: &Admin, gw: &Gateway) {
 fn authorize(admin: &Admin, headers: &HeaderMap) -> Option<Response<Body>> {
     let gw = &admin.live.gateway();
     let Some(expected) = admin.token_hash else {
+        // The slug predates /routes and /reload; clients and alerts match on it, so it stays.
         return Some(problem(
             gw,
             StatusCode::NOT_FOUND,
             "admin-keys-disabled",
-            "Key endpoints disabled",
-            "Set server.admin_token to enable them.",
+            "Admin endpoints that need a token are disabled",
+            "/keys, /routes and /reload need a token, and none is configured: set \
+             server.admin_token (or server.admin_token_env, the name of an environment variable \
+             holding it) and restart the gateway to enable them.",
         ));
     };
     let presented = headers

@@ -90,7 +90,9 @@ impl Live {
         for warning in config.warning_lines(&source.display().to_string()) {
             tracing::warn!("{warning}");
         }
-        tracing::info!(routes = config.routes.len(), ?needs_restart, "configuration reloaded");
+        // A plain string reads the same in both log formats (`?` of a Vec logs `"[]"`).
+        let restart = if needs_restart.is_empty() { "none".to_owned() } else { needs_restart.join(", ") };
+        tracing::info!(routes = config.routes.len(), needs_restart = %restart, "configuration reloaded");
         Ok(Reloaded { needs_restart })
     }
 }
@@ -111,6 +113,8 @@ fn needs_restart(running: &Config, next: &Config) -> Vec<&'static str> {
         ("server.trusted_proxies", a.trusted_proxies != b.trusted_proxies),
         ("server limits (timeouts, connections, exchanges)", server_limits(running) != server_limits(next)),
         ("store", running.store != next.store),
+        // The exporter is started once, with the runtime every reloaded gateway keeps.
+        ("telemetry", running.telemetry != next.telemetry),
     ]
     .into_iter()
     .filter_map(|(name, changed)| changed.then_some(name))

@@ -193,7 +193,7 @@ impl Server {
         drop(listener);
         draining.cancel();
         let deadline = Instant::now() + grace;
-        tracing::info!(grace = ?grace, "shutting down: draining connections and exchanges");
+        tracing::info!(grace = %crate::access::human(grace), "shutting down: draining connections and exchanges");
         connections.close();
         // Exchanges, store and abandon token are shared by every reloaded gateway.
         let runtime = Arc::clone(live.gateway().runtime());
@@ -221,6 +221,10 @@ impl Server {
         }
         if let Some(task) = admin_task {
             task.abort();
+        }
+        // The spans of the last requests, before the process ends.
+        if let Some(telemetry) = &runtime.telemetry {
+            telemetry.shutdown().await;
         }
         tracing::info!("shutdown complete");
     }
@@ -278,7 +282,7 @@ async fn serve_connection<IO>(
             () = sleep_until(deadline), if deadline.is_some() => {
                 // Re-read: activity since the sleep began may have moved the deadline.
                 if let Some((at, why)) = connection.deadline().filter(|(at, _)| *at <= Instant::now()) {
-                    tracing::debug!(peer = %connection.peer.ip(), reason = ?why, late = ?at.elapsed(), "closing a connection past its deadline");
+                    tracing::debug!(peer = %connection.peer.ip(), reason = ?why, late = %crate::access::human(at.elapsed()), "closing a connection past its deadline");
                     return;
                 }
             }

@@ -367,6 +367,90 @@ async fn duplicate_in_flight_gets_409_after_the_wait_and_422_wins(store: StoreKi
     assert_eq!(upstream.executions(), 1);
 }
 
+/// The p90 of route `orders`'s upstream answer times as Prometheus's `histogram_quantile`
+/// computes it from `/metrics` (classes 2xx to 5xx added up), and how many answers it is over.
+async fn upstream_p90(gw: &TestGateway) -> (f64, u64) {
+    let text = String::from_utf8(gw.admin_client().get("/metrics", &[]).await.body.to_vec()).unwrap();
+    let label = |line: &str, name: &str| {
+        let start = line.find(&format!("{name}=\"")).unwrap() + name.len() + 2;
+        line[start..].split('"').next().unwrap().to_owned()
+    };
+    let mut buckets: Vec<(f64, u64)> = Vec::new();
+    for line in text.lines().filter(|l| l.starts_with("idemgate_upstream_seconds_bucket{")) {
+        let class = label(line, "class");
+        if !line.contains(r#"route="orders""#) || !["2xx", "3xx", "4xx", "5xx"].contains(&class.as_str()) {
+            continue;
+        }
+        let le = match label(line, "le").as_str() {
+            "+Inf" => f64::INFINITY,
+            bound => bound.parse().unwrap(),
+        };
+        let count: u64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+        match buckets.iter_mut().find(|(b, _)| *b == le) {
+            Some((_, sum)) => *sum += count,
+            None => buckets.push((le, count)),
+        }
+    }
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let total = buckets.last().unwrap().1;
+    let rank = 0.9 * total as f64;
+    let (mut lower, mut below) = (0.0, 0);
+    for &(le, cumulative) in &buckets {
+        if cumulative as f64 >= rank {
+            if le.is_infinite() {
+                return (lower, total);
+            }
+            return (lower + (le - lower) * (rank - below as f64) / (cumulative - below) as f64, total);
+        }
+        (lower, below) = (le, cumulative);
+    }
+    unreachable!("the +Inf bucket holds every answer")
+}
+
+async fn a_duplicate_is_told_the_upstreams_usual_time_once_there_are_twenty_answers(store: StoreKind) {
+    // The upstream answers in about 200ms. Until the route has 20 answers, a duplicate that
+    // waited out `wait` is sent back after the first request's lease left (about 10s); from
+    // then on, after the route's p90 less what the first request has already run: 1s.
+    for wait in ["0s", "100ms"] {
+        let (upstream, gw, client) = setup(&store, &format!("wait = \"{wait}\""), slow(200)).await;
+        let warm: Vec<_> = (0..19)
+            .map(|i| {
+                let c = client.clone();
+                tokio::spawn(async move { c.post_json("/orders", Some(&format!("warm-{i}")), ORDER).await })
+            })
+            .collect();
+        for w in warm {
+            assert_eq!(w.await.unwrap().status, 201);
+        }
+        upstream.set(|b| b.delay = Duration::from_millis(1500));
+        for (key, answers_before) in [("slow-1", 19), ("slow-2", 20)] {
+            let c = client.clone();
+            let first = tokio::spawn(async move { c.post_json("/orders", Some(key), ORDER).await });
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let (p90, answers) = upstream_p90(&gw).await;
+            assert_eq!(answers, answers_before, "wait {wait}");
+            let dup = client.post_json("/orders", Some(key), ORDER).await;
+            assert_eq!((dup.status.as_u16(), dup.problem().as_str()), (409, "in-progress"), "wait {wait}");
+            let retry_after: u64 = dup.header("retry-after").unwrap().parse().unwrap();
+            if answers < 20 {
+                assert!(
+                    (8..=10).contains(&retry_after),
+                    "wait {wait}, {answers} answers: the lease left, not {retry_after}"
+                );
+            } else {
+                assert!(p90 < 0.6, "wait {wait}: the p90 of 200ms answers is {p90}");
+                assert!(
+                    (1..=p90.ceil() as u64).contains(&retry_after),
+                    "wait {wait}: Retry-After {retry_after} with a p90 of {p90}s"
+                );
+            }
+            // Its answer is the next one counted.
+            assert_eq!(first.await.unwrap().status, 201);
+        }
+        assert_eq!(upstream.executions(), 21);
+    }
+}
+
 async fn oversized_responses_are_delivered_and_recorded_as_executed(store: StoreKind) {
     let behavior = Behavior { padding: 4000, ..Behavior::default() };
     let (upstream, gw, client) = setup(&store, r#"max_stored_body = "1KiB""#, behavior).await;
@@ -627,6 +711,7 @@ on_both_backends!(
     crashed_owner_is_taken_over_after_its_lease,
     same_key_from_two_callers_is_two_records,
     duplicate_in_flight_gets_409_after_the_wait_and_422_wins,
+    a_duplicate_is_told_the_upstreams_usual_time_once_there_are_twenty_answers,
     oversized_responses_are_delivered_and_recorded_as_executed,
     upstream_timeout_is_504_and_holds_the_key_as_unknown,
     upstream_timeout_on_a_release_route_lets_the_retry_run,

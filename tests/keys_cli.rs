@@ -559,12 +559,13 @@ fn a_problem_answer_is_printed_and_exits_1() {
     assert_eq!(run.code, Some(1), "{run:?}");
     assert_eq!(run.stderr, "idemgate keys: 409 Conflict: The key is completed; nothing changed.\n");
 
-    // A 404 problem (key endpoints disabled) is not an absent key.
-    let disabled =
-        FakeAdmin::start(|_| problem(404, "Key endpoints disabled", "Set server.admin_token to enable them."));
+    // A 404 problem (token endpoints disabled) is not an absent key.
+    let disabled = FakeAdmin::start(|_| {
+        problem(404, "Admin endpoints that need a token are disabled", "/keys, /routes and /reload need a token.")
+    });
     let run = keys(&["show", "--admin", &disabled.url, "--route", "orders", "--key", "k1"], &[WITH_TOKEN], None);
     assert_eq!(run.code, Some(1), "{run:?}");
-    assert!(run.stderr.contains("404 Key endpoints disabled"), "{run:?}");
+    assert!(run.stderr.contains("404 Admin endpoints that need a token are disabled"), "{run:?}");
 }
 
 #[test]

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use support::client::Client;
 use support::gateway_proc::{GatewayProc, Toml};
-use support::upstream::TestUpstream;
+use support::upstream::{Behavior, TestUpstream};
 
 const ORDER: &str = r#"{"sku":"A-1","quantity":2}"#;
 
@@ -64,6 +64,50 @@ async fn json_logs_carry_one_access_line_per_request_without_secrets() {
     let everything = gw.log_lines().join("\n");
     assert!(!everything.contains("secret-key-7f3a"), "the key never appears in logs");
     assert!(!everything.contains("very-secret-credential"), "credentials never appear in logs");
+}
+
+/// The raw text of `field`'s number in a JSON log line, as the gateway wrote it.
+fn raw_number<'a>(line: &'a str, field: &str) -> Option<&'a str> {
+    let start = line.find(&format!("\"{field}\":"))? + field.len() + 3;
+    let rest = &line[start..];
+    Some(&rest[..rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(rest.len())])
+}
+
+/// A duplicate that waits for the request holding its key logs that time as `wait_ms`, apart
+/// from the store calls in `store_ms`; and the times are milliseconds to the microsecond, never
+/// `4.1057120000000005`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_duplicate_logs_its_wait_apart_from_store_time() {
+    let upstream = TestUpstream::with(Behavior { delay: Duration::from_millis(1200), ..Behavior::default() }).await;
+    let config = Toml { policy: r#"wait = "400ms""#, ..Toml::new(upstream.addr) }.render();
+    let gw = GatewayProc::start_with(&config, &["--log-format", "json"]);
+    let client = gw.client();
+    let c = client.clone();
+    let first = tokio::spawn(async move { c.post_json("/orders", Some("w-1"), ORDER).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let dup = client.post_json("/orders", Some("w-1"), ORDER).await;
+    assert_eq!(dup.status, 409, "the first request outlasts the wait");
+    assert_eq!(first.await.unwrap().status, 201);
+    let lines = wait_for_lines(&gw, 2).await;
+    let line = |outcome: &str| {
+        lines.iter().find(|l| l["outcome"] == outcome).unwrap_or_else(|| panic!("no {outcome} line in {lines:#?}"))
+    };
+    let waited = line("in_flight");
+    let wait_ms = waited["wait_ms"].as_f64().unwrap();
+    assert!((400.0..1000.0).contains(&wait_ms), "waited 400ms: {waited}");
+    assert!(waited["store_ms"].as_f64().unwrap() < 50.0, "the wait is not store time: {waited}");
+    assert!(waited["total_ms"].as_f64().unwrap() >= wait_ms);
+    let executed = line("executed");
+    assert_eq!(executed["wait_ms"].as_f64(), Some(0.0), "a first request waits for nobody: {executed}");
+    assert!(executed["upstream_ms"].as_f64().unwrap() >= 1200.0, "{executed}");
+
+    for text in gw.log_lines().iter().filter(|l| l.contains("idemgate::access")) {
+        for field in ["total_ms", "upstream_ms", "store_ms", "wait_ms"] {
+            let Some(number) = raw_number(text, field) else { continue };
+            let decimals = number.split_once('.').map_or(0, |(_, d)| d.len());
+            assert!(decimals <= 3, "{field} is {number} in {text}");
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -132,3 +132,54 @@ async fn a_bad_file_changes_nothing_and_a_new_listener_needs_a_restart() {
 
     assert_eq!(admin.send(Method::POST, "/reload", &[], "").await.status, 401, "reload needs the token");
 }
+
+/// The reload's log line names what needs a restart as words, in both log formats (not
+/// `needs_restart="[]"`), and leaves the JSON answer of `POST /reload` a list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reload_log_line_names_what_needs_a_restart_in_either_format() {
+    let upstream = TestUpstream::start().await;
+    for format in ["json", "pretty"] {
+        let gw = GatewayProc::start_with(&config(upstream.addr, &[1], "127.0.0.1:0"), &["--log-format", format]);
+        let admin = Client::new(gw.admin);
+        let reloaded =
+            || gw.log_lines().into_iter().filter(|l| l.contains("configuration reloaded")).collect::<Vec<_>>();
+
+        assert_eq!(admin.send(Method::POST, "/reload", &[TOKEN], "").await.status, 200);
+        std::fs::write(gw.config_path(), config(upstream.addr, &[1], "127.0.0.1:1")).unwrap();
+        let r = admin.send(Method::POST, "/reload", &[TOKEN], "").await;
+        assert_eq!(r.json()["needs_restart"], serde_json::json!(["server.listen"]));
+        let lines = reloaded();
+        assert_eq!(lines.len(), 2, "{lines:#?}");
+        if format == "json" {
+            let fields: Vec<serde_json::Value> = lines.iter().map(|l| serde_json::from_str(l).unwrap()).collect();
+            assert_eq!(fields[0]["needs_restart"], "none", "{lines:#?}");
+            assert_eq!(fields[1]["needs_restart"], "server.listen", "{lines:#?}");
+        } else {
+            assert!(lines[0].contains("needs_restart=none"), "{lines:#?}");
+            assert!(lines[1].contains("needs_restart=server.listen"), "{lines:#?}");
+        }
+        assert!(lines.iter().all(|l| !l.contains('[')), "no list punctuation: {lines:#?}");
+    }
+}
+
+/// Without an admin token, the endpoints that need one say which they are and how to turn
+/// them on (the problem type is still `admin-keys-disabled`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_token_the_admin_says_which_endpoints_are_off_and_how_to_enable_them() {
+    let upstream = TestUpstream::start().await;
+    let gw = GatewayProc::start(&Toml::new(upstream.addr).render());
+    let admin = Client::new(gw.admin);
+    for (method, path) in
+        [(Method::GET, "/routes"), (Method::POST, "/reload"), (Method::GET, "/keys?route=orders&key=k")]
+    {
+        let r = admin.send(method.clone(), path, &[TOKEN], "").await;
+        assert_eq!((r.status.as_u16(), r.problem().as_str()), (404, "admin-keys-disabled"), "{method} {path}");
+        let doc = r.json();
+        assert_eq!(doc["title"], "Admin endpoints that need a token are disabled", "{method} {path}");
+        let detail = doc["detail"].as_str().unwrap();
+        for needle in ["/keys", "/routes", "/reload", "server.admin_token", "admin_token_env"] {
+            assert!(detail.contains(needle), "{method} {path}: {needle} not in {detail:?}");
+        }
+    }
+    assert_eq!(admin.get("/policy", &[]).await.status, 200, "the public endpoints stay on");
+}

@@ -31,36 +31,85 @@ const GHOST_RECHECK: Duration = Duration::from_secs(1);
 /// Claims the key; while another request holds it, waits up to the route's `wait` for it to
 /// settle. The wait sleeps on a [`Watch`] (woken when the holder settles or releases, or when
 /// its lease runs out and the key can be taken over), never in a polling loop, and holds no
-/// store connection while asleep. The time it takes counts as store time in the access line.
+/// store connection while asleep. The access line gets the store calls as store time and the
+/// rest, from the moment the key was found held, as wait time. A claim that stays in flight
+/// leaves in `ctx.holder_ran` how long the holder has run at least, for [`retry_after`].
 pub async fn claim(rt: &Runtime, ctx: &mut Ctx<'_>, fingerprint: &Fingerprint) -> Result<Claim, StoreError> {
-    let started = Instant::now();
-    let claim = claim_or_wait(rt, ctx, fingerprint).await;
-    ctx.trace.store += started.elapsed();
+    let mut spent = Spent::default();
+    let claim = claim_or_wait(rt, ctx, fingerprint, &mut spent).await;
+    ctx.trace.store += spent.store;
+    ctx.trace.wait += spent.wait;
+    ctx.holder_ran = spent.holder_ran;
     claim
 }
 
-async fn claim_or_wait(rt: &Runtime, ctx: &Ctx<'_>, fingerprint: &Fingerprint) -> Result<Claim, StoreError> {
+/// Where a claim's time went, and what it learned about the request holding the key.
+#[derive(Default)]
+struct Spent {
+    /// In store calls.
+    store: Duration,
+    /// Waiting for the holder: from its claim's first reply until the wait ended, less the
+    /// store calls made meanwhile.
+    wait: Duration,
+    /// How long the holder had run at least, when the claim ended in flight.
+    holder_ran: Duration,
+}
+
+async fn claim_or_wait(
+    rt: &Runtime,
+    ctx: &Ctx<'_>,
+    fingerprint: &Fingerprint,
+    spent: &mut Spent,
+) -> Result<Claim, StoreError> {
     let (store, policy, record, owner) = (&*rt.store, &*ctx.route.policy, &ctx.record, ctx.owner);
     let ttl = policy.in_progress_ttl();
     let claim_once = || async {
         // Armed while the call is on the wire: if this future is dropped there, the claim
         // (which Redis may have applied) is released in the background.
         let mut guard = Ghost { rt, record, owner, ttl, armed: true };
+        let started = Instant::now();
         let claim = store.claim(record, fingerprint, owner, policy.lease, ttl).await;
         guard.armed = false;
-        claim
+        (claim, started.elapsed())
     };
-    let deadline = Instant::now() + policy.wait;
-    let mut claim = claim_once().await?;
+    let (first, took) = claim_once().await;
+    spent.store += took;
+    let mut claim = first?;
+    let Claim::InFlight { lease_left } = claim else {
+        return Ok(claim);
+    };
+    // The key is held: the wait begins. It lasts `wait` not counting the store calls that
+    // look at the key again (they are store time, not wait), up to one store timeout of them
+    // (a second for the memory store, which has none): a slow store cannot stretch the wait
+    // much further.
+    let held_since = Instant::now();
+    let mut deadline = held_since + policy.wait;
+    let mut store_while_waiting = Duration::ZERO;
+    let extension = store.call_timeout().max(Duration::from_secs(1));
+    // How long the holder has run. The store does not say when it started: a claim in flight
+    // carries only its lease left, and the holder renews its lease every third of it. What is
+    // known for sure is a lower bound: the holder (re)claimed the key at least
+    // `lease - lease_left` before the first reply (the time since its last renewal: all of its
+    // run if it never renewed), and it was still in flight at every reply since, so it has run
+    // at least that plus the time this duplicate has waited. Renewals before the first reply
+    // are not seen, so a holder that has run for longer than a third of the lease is taken as
+    // younger than it is: the estimate errs towards a later `Retry-After`, never an earlier
+    // one. It assumes the holder runs under this route's `lease`, and takes a holder that
+    // released the key to another request in between for the same one.
+    let before_first = policy.lease.saturating_sub(lease_left);
+    let ran = |lease_left: Duration| (before_first + held_since.elapsed()).max(policy.lease.saturating_sub(lease_left));
     // The watch that was registered before `claim` was read: only then is sleeping on it safe,
     // since a settle between the read and a later registration would never wake us.
     let mut watch: Option<Watch> = None;
     loop {
         let Claim::InFlight { lease_left } = claim else {
+            spent.wait = held_since.elapsed().saturating_sub(store_while_waiting);
             return Ok(claim);
         };
         let now = Instant::now();
         if now >= deadline {
+            spent.wait = held_since.elapsed().saturating_sub(store_while_waiting);
+            spent.holder_ran = ran(lease_left);
             return Ok(claim);
         }
         if let Some(watch) = watch.take() {
@@ -68,17 +117,33 @@ async fn claim_or_wait(rt: &Runtime, ctx: &Ctx<'_>, fingerprint: &Fingerprint) -
             watch.changed(deadline.min(now + lease_left)).await;
         }
         watch = Some(store.watch(record));
-        claim = match claim_once().await {
+        let (next, took) = claim_once().await;
+        spent.store += took;
+        deadline += took.min(extension.saturating_sub(store_while_waiting));
+        store_while_waiting += took;
+        claim = match next {
             Ok(next) => next,
             // The key is known to be held by a running request: a store error now must not
             // send this duplicate down the fail-open path (a certain second execution).
             Err(e) => {
                 tracing::debug!(key = record.short(), error = %e, "store failed while waiting; answering in flight");
+                spent.wait = held_since.elapsed().saturating_sub(store_while_waiting);
+                spent.holder_ran = before_first + held_since.elapsed();
                 let lease_left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_secs(1));
                 return Ok(Claim::InFlight { lease_left });
             }
         };
     }
+}
+
+/// The `Retry-After` of a duplicate that found the key still in flight after its wait: when
+/// the holder's lease ends at the latest (`lease_left`), or sooner when the route's upstream
+/// usually answers sooner — its p90 answer time less the time the holder has already run
+/// (`holder_ran`, a lower bound, see `claim_or_wait`), once the route has seen enough answers
+/// for a p90 (see [`crate::metrics::QUANTILE_MIN_SAMPLES`]). At least one second.
+pub fn retry_after(route: &Route, lease_left: Duration, holder_ran: Duration) -> Duration {
+    let typical_left = route.metrics.upstream_p90().map(|p90| p90.saturating_sub(holder_ran));
+    typical_left.map_or(lease_left, |left| left.min(lease_left)).max(Duration::from_secs(1))
 }
 
 /// Releases, in the background, the claim this request may hold after its claim call failed

@@ -2,6 +2,7 @@
 //! and passed on instead of a growing list of arguments.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::access::Trace;
 use crate::policy::fingerprint::Fingerprint;
@@ -27,4 +28,7 @@ pub struct Ctx<'a> {
     pub owner: OwnerToken,
     /// What the access line will say about the request.
     pub trace: &'a mut Trace,
+    /// When the claim found the key still in flight after the wait: how long the request
+    /// holding it had run at least (see `claim`).
+    pub holder_ran: Duration,
 }

@@ -5,6 +5,11 @@
 
 mod labels;
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -43,9 +48,73 @@ struct RouteReason {
     reason: ReleaseReason,
 }
 
+/// The lowest bucket bound of every latency histogram, in seconds.
+const LATENCY_START: f64 = 0.0005;
+/// How many finite buckets a latency histogram has, each twice the one before.
+const LATENCY_BUCKETS: u16 = 16;
+
 /// The buckets of every latency histogram, in seconds: 0.5ms to about 16s, doubling.
 pub fn latency_histogram() -> Histogram {
-    Histogram::new(exponential_buckets(0.0005, 2.0, 16))
+    Histogram::new(exponential_buckets(LATENCY_START, 2.0, LATENCY_BUCKETS))
+}
+
+/// How many upstream answers (classes 2xx to 5xx) a route needs before its p90 is used.
+pub const QUANTILE_MIN_SAMPLES: u64 = 20;
+
+/// A route's upstream answer times, counted in the buckets of its `upstream_seconds`
+/// histogram, for the one quantile the request path reads (a duplicate's `Retry-After`).
+///
+/// prometheus-client does not expose a histogram's bucket counts (only `observe` and the
+/// encoder), so the same buckets are counted here as well: one atomic increment per exchange,
+/// no lock. Like the exported histogram it counts since the process started.
+#[derive(Debug)]
+pub struct LatencyQuantiles {
+    /// Upper bounds, in seconds; the last bucket (+Inf) has none.
+    bounds: Vec<f64>,
+    /// One count per bound, and one more for +Inf.
+    counts: Vec<AtomicU64>,
+}
+
+impl Default for LatencyQuantiles {
+    fn default() -> Self {
+        let bounds: Vec<f64> = exponential_buckets(LATENCY_START, 2.0, LATENCY_BUCKETS).collect();
+        let counts = (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect();
+        Self { bounds, counts }
+    }
+}
+
+impl LatencyQuantiles {
+    /// Counts one answer time.
+    pub fn observe(&self, took: Duration) {
+        let seconds = took.as_secs_f64();
+        let bucket = self.bounds.iter().position(|&bound| seconds <= bound).unwrap_or(self.bounds.len());
+        self.counts[bucket].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The `q` quantile (0 < q ≤ 1) as Prometheus's `histogram_quantile` estimates it from the
+    /// buckets (linear within the bucket it falls in; the highest finite bound when it falls
+    /// in +Inf); none with fewer than `min_samples` counted.
+    pub fn quantile(&self, q: f64, min_samples: u64) -> Option<Duration> {
+        let counts: Vec<u64> = self.counts.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+        let total: u64 = counts.iter().sum();
+        if total == 0 || total < min_samples {
+            return None;
+        }
+        let rank = q.clamp(0.0, 1.0) * total as f64;
+        let mut below = 0u64;
+        for (i, &count) in counts.iter().enumerate() {
+            if count > 0 && (below + count) as f64 >= rank {
+                let Some(&upper) = self.bounds.get(i) else {
+                    return self.bounds.last().map(|&top| Duration::from_secs_f64(top));
+                };
+                let lower = if i == 0 { 0.0 } else { self.bounds[i - 1] };
+                let within = ((rank - below as f64) / count as f64).clamp(0.0, 1.0);
+                return Some(Duration::from_secs_f64(lower + (upper - lower) * within));
+            }
+            below += count;
+        }
+        self.bounds.last().map(|&top| Duration::from_secs_f64(top))
+    }
 }
 
 /// The registry and the metric families in it.
@@ -63,6 +132,9 @@ pub struct Metrics {
     unknown_records: Family<RouteLabel, Gauge>,
     request_seconds: Family<RouteOutcome, Histogram>,
     upstream_seconds: Family<RouteClass, Histogram>,
+    /// Each route's upstream answer times again, readable (see [`LatencyQuantiles`]); kept
+    /// here, by route name, so that a reload keeps them as it keeps the histograms.
+    upstream_quantiles: Mutex<HashMap<String, Arc<LatencyQuantiles>>>,
     /// Upstream exchanges running now (they outlive their clients).
     pub exchanges_running: Gauge,
     /// Duplicates waiting for the first request with their key to settle.
@@ -135,6 +207,7 @@ impl Default for Metrics {
         Self {
             request_seconds,
             upstream_seconds,
+            upstream_quantiles: Mutex::default(),
             exchanges_running,
             waiting_duplicates,
             registry,
@@ -204,6 +277,13 @@ impl Metrics {
                     (class, self.upstream_seconds.get_or_create(&RouteClass { route: route.to_owned(), class }).clone())
                 })
                 .collect(),
+            upstream_quantiles: Arc::clone(
+                self.upstream_quantiles
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .entry(route.to_owned())
+                    .or_default(),
+            ),
         }
     }
 
@@ -288,6 +368,8 @@ pub struct RouteMetrics {
     request_seconds: PerLabel<Outcome, Histogram>,
     /// One histogram per status class, resolved once: no label lookup per request.
     upstream_seconds: Vec<(&'static str, Histogram)>,
+    /// The answers of classes 2xx to 5xx again, for their p90.
+    upstream_quantiles: Arc<LatencyQuantiles>,
 }
 
 impl RouteMetrics {
@@ -302,6 +384,15 @@ impl RouteMetrics {
         if let Some((_, histogram)) = self.upstream_seconds.iter().find(|(c, _)| *c == class) {
             histogram.observe(took.as_secs_f64());
         }
+        if matches!(class, "2xx" | "3xx" | "4xx" | "5xx") {
+            self.upstream_quantiles.observe(took);
+        }
+    }
+
+    /// The 90th percentile of the route's upstream answer times (classes 2xx to 5xx), once
+    /// at least [`QUANTILE_MIN_SAMPLES`] were seen.
+    pub fn upstream_p90(&self) -> Option<Duration> {
+        self.upstream_quantiles.quantile(0.9, QUANTILE_MIN_SAMPLES)
     }
 
     /// Counts a finished request.
@@ -360,6 +451,40 @@ mod tests {
         indices_are_positions::<Outcome>();
         indices_are_positions::<ReleaseReason>();
         indices_are_positions::<Reconciliation>();
+    }
+
+    #[test]
+    fn the_upstream_p90_needs_enough_answers_and_interpolates_like_prometheus() {
+        let m = Metrics::default();
+        let route = m.route("r");
+        for _ in 0..19 {
+            route.upstream_latency("2xx", Duration::from_millis(200));
+        }
+        route.upstream_latency("error", Duration::from_millis(200));
+        route.upstream_latency("abandoned", Duration::from_millis(200));
+        assert_eq!(route.upstream_p90(), None, "19 answers, errors and abandoned exchanges do not count");
+        route.upstream_latency("5xx", Duration::from_millis(200));
+        // All 20 in (0.128, 0.256]: the p90 is 90% of the way through that bucket.
+        let p90 = route.upstream_p90().unwrap().as_secs_f64();
+        assert!((p90 - (0.128 + 0.128 * 0.9)).abs() < 1e-9, "{p90}");
+        // A reload resolves the route again and keeps what was counted.
+        assert!(m.route("r").upstream_p90().is_some());
+        assert_eq!(m.route("other").upstream_p90(), None);
+    }
+
+    #[test]
+    fn quantiles_beyond_the_last_bucket_are_its_bound() {
+        let q = LatencyQuantiles::default();
+        for _ in 0..20 {
+            q.observe(Duration::from_secs(100));
+        }
+        assert_eq!(q.quantile(0.9, 21), None, "20 counted");
+        assert_eq!(q.quantile(0.9, 20), Some(Duration::from_secs_f64(LATENCY_START * 2f64.powi(15))));
+        let small = LatencyQuantiles::default();
+        for _ in 0..20 {
+            small.observe(Duration::from_micros(100));
+        }
+        assert!(small.quantile(0.9, 20).unwrap() <= Duration::from_secs_f64(LATENCY_START));
     }
 
     #[test]
