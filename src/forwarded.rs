@@ -98,6 +98,12 @@ pub struct Peer {
 }
 
 impl Peer {
+    /// Whether this client is a trusted proxy (its forwarding headers, and its trace sampling
+    /// decision, are believed).
+    pub fn trusted(&self) -> bool {
+        self.trusted
+    }
+
     /// The peer of an accepted connection.
     pub fn new(addr: std::net::SocketAddr, trusted: &TrustedProxies) -> Self {
         let ip = addr.ip();

@@ -32,6 +32,7 @@ use crate::proxy;
 use crate::router::{RouteSpec, Router, RouterError};
 use crate::runtime::{IdempotentRoute, RequestSettings, Route, Routed, Runtime};
 use crate::store::{Backend, StoreError};
+use crate::telemetry::{Telemetry, TelemetryError};
 use crate::upstream::{Upstream, UpstreamSetupError};
 
 /// Why a gateway could not be built from a valid config.
@@ -46,6 +47,9 @@ pub enum SetupError {
     /// The routes do not compile (validation should have caught this).
     #[error("routes: {0}")]
     Routes(#[from] RouterError),
+    /// Trace export could not start.
+    #[error(transparent)]
+    Telemetry(#[from] TelemetryError),
     /// A route names an upstream that does not exist (validation should have caught this).
     #[error("route {route}: unknown upstream {upstream}")]
     UnknownUpstream {
@@ -77,7 +81,9 @@ impl Gateway {
             metrics.register_store_commands(redis.commands_counter());
         }
         metrics.register_store_latency(store.call_latency());
-        let runtime = Runtime::new(store, metrics, config.server.limits.max_exchanges, &config.store.key_prefix);
+        let telemetry = config.telemetry.as_ref().map(Telemetry::start).transpose()?;
+        let runtime =
+            Runtime::new(store, metrics, config.server.limits.max_exchanges, &config.store.key_prefix, telemetry);
         Self::build(config, Arc::new(runtime))
     }
 
@@ -181,6 +187,9 @@ impl Gateway {
             return error.problem().respond_as(self.problem_base(), &self.errors);
         };
         let mut trace = Trace::default();
+        if let Some(telemetry) = &self.runtime.telemetry {
+            trace.span = telemetry.begin(request.headers(), connection.peer.trusted(), &routed.route().name, &method);
+        }
         let result = match routed {
             Routed::Plain(route) => {
                 let forwarded = proxy::pass_through(route, request, connection, &mut trace).await;
@@ -205,6 +214,9 @@ impl Gateway {
         let took = started.elapsed();
         route.metrics.request_duration(outcome, took);
         access::log(&route.name, &method, outcome, response.status(), took, &trace);
+        if let Some(span) = &trace.span {
+            span.end(outcome.as_str(), response.status().as_u16(), trace.attempt, trace.record.as_deref());
+        }
         response
     }
 }

@@ -22,6 +22,7 @@
 //! - [`error`]: every error, and the one table that says how each is answered, counted and
 //!   logged;
 //! - [`proxy`]: streaming pass-through for routes without idempotency;
+//! - [`telemetry`]: traces exported over OTLP, W3C trace context to the upstream;
 //! - [`upstream`]: pooled http/https clients and request preparation;
 //! - [`connection`]: one client connection's limits: idle and head deadlines, exchanges,
 //!   abandoned requests;
@@ -60,6 +61,7 @@ mod reload;
 mod router;
 mod runtime;
 mod server;
+mod telemetry;
 mod upstream;
 
 pub use gateway::{Gateway, SetupError};

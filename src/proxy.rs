@@ -33,7 +33,19 @@ pub async fn pass_through(
     trace: &mut Trace,
 ) -> Result<Response<Body>, UpstreamError> {
     let sent = Instant::now();
+    let mut request = request;
+    // Traced: the upstream gets the gateway's span as its parent.
+    let span = trace.span.as_ref().map(|s| s.upstream(request.headers_mut()));
     let forwarded = forward(&route.upstream, request.map(body::boxed), connection).await;
+    if let Some(span) = span {
+        match &forwarded {
+            Ok(response) => {
+                span.set("http.response.status_code", i64::from(response.status().as_u16()));
+                span.end(None);
+            }
+            Err(e) => span.end(Some(e.to_string())),
+        }
+    }
     let class = forwarded.as_ref().map_or("error", |r| status_class(r.status()));
     trace.upstream = Some(sent.elapsed());
     route.metrics.upstream_latency(class, sent.elapsed());

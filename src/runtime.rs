@@ -21,6 +21,7 @@ use crate::policy::errors::ErrorShape;
 use crate::policy::key::IdempotencyKey;
 use crate::policy::scope::Scope;
 use crate::store::{Backend, RecordKey};
+use crate::telemetry::Telemetry;
 use crate::upstream::Upstream;
 
 /// The handle shared by every request, every exchange and every reloaded gateway.
@@ -38,11 +39,19 @@ pub struct Runtime {
     pub exchange_slots: Arc<Semaphore>,
     /// Prefix of the store's key names (`store.key_prefix`).
     key_prefix: String,
+    /// Trace export (`[telemetry]`); `None` when off, and then no span is built.
+    pub telemetry: Option<Telemetry>,
 }
 
 impl Runtime {
     /// A runtime over `store`, allowing `max_exchanges` exchanges at once.
-    pub fn new(store: Backend, metrics: Metrics, max_exchanges: usize, key_prefix: &str) -> Self {
+    pub fn new(
+        store: Backend,
+        metrics: Metrics,
+        max_exchanges: usize,
+        key_prefix: &str,
+        telemetry: Option<Telemetry>,
+    ) -> Self {
         Self {
             store: Arc::new(store),
             metrics: Arc::new(metrics),
@@ -50,6 +59,7 @@ impl Runtime {
             abandon: CancellationToken::new(),
             exchange_slots: Arc::new(Semaphore::new(max_exchanges)),
             key_prefix: key_prefix.to_owned(),
+            telemetry,
         }
     }
 

@@ -28,6 +28,25 @@ pub struct File {
     /// The gateway's errors in the API's own shape; problem+json when absent.
     #[serde(default)]
     pub errors: Option<ErrorsSection>,
+    /// Traces exported over OTLP; off when absent.
+    #[serde(default)]
+    pub telemetry: Option<TelemetrySection>,
+}
+
+/// `[telemetry]`
+#[derive(Debug, Default, Deserialize)]
+pub struct TelemetrySection {
+    /// The OTLP/HTTP collector, e.g. `"http://otel-collector:4318"`; spans go to its `/v1/traces`.
+    pub otlp_endpoint: Option<String>,
+    /// `service.name` of the spans.
+    pub service_name: Option<String>,
+    /// The share of requests traced when the client's own sampling decision is not believed.
+    pub sample_ratio: Option<f64>,
+    /// An environment variable holding a header for the collector, `Name: value` (an auth
+    /// token kept out of the file).
+    pub headers_env: Option<String>,
+    /// A CA bundle for an `https://` collector signed by a private CA.
+    pub ca_file: Option<PathBuf>,
 }
 
 /// `[errors]` and `[routes.errors]`: a content type and a body template, and per problem type

@@ -45,6 +45,8 @@ pub struct Config {
     pub routes: Vec<RouteConfig>,
     /// How the gateway's errors look before a route matched (`[errors]`).
     pub errors: Arc<ErrorShape>,
+    /// Trace export (`[telemetry]`); `None`: off.
+    pub telemetry: Option<TelemetryConfig>,
     /// Settings that are valid but risky, each with its reason (printed by `check`, logged at
     /// startup).
     pub warnings: Vec<Issue>,
@@ -202,6 +204,21 @@ pub struct RouteConfig {
     pub idempotency: Option<Arc<IdempotencyPolicy>>,
     /// How the gateway's errors look on this route (`[errors]` with `[routes.errors]` over it).
     pub errors: Arc<ErrorShape>,
+}
+
+/// `[telemetry]`: spans exported over OTLP/HTTP.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TelemetryConfig {
+    /// The collector's traces URL (`.../v1/traces`).
+    pub traces_url: Uri,
+    /// `service.name`.
+    pub service_name: String,
+    /// The share of requests traced when the client's sampling decision is not believed.
+    pub sample_ratio: f64,
+    /// A header sent to the collector (from `headers_env`).
+    pub header: Option<(http::HeaderName, Secret)>,
+    /// A CA bundle for the collector.
+    pub ca_file: Option<PathBuf>,
 }
 
 /// Why a configuration was refused.

@@ -12,10 +12,10 @@ use serde::de::DeserializeOwned;
 use toml::de::{DeTable, DeValue};
 
 use super::Issue;
-use super::file::{ErrorsSection, File, RouteSection, ServerSection, StoreSection, UpstreamSection};
+use super::file::{ErrorsSection, File, RouteSection, ServerSection, StoreSection, TelemetrySection, UpstreamSection};
 
 /// The sections a file may have.
-const SECTIONS: [&str; 5] = ["server", "store", "upstreams", "routes", "errors"];
+const SECTIONS: [&str; 6] = ["server", "store", "upstreams", "routes", "errors", "telemetry"];
 
 /// Where each key of a file is, by dotted path (`routes[0].idempotency.lease`).
 #[derive(Debug, Default)]
@@ -117,9 +117,13 @@ pub fn read(text: &str) -> Result<Read, SyntaxError> {
         None => Some(None),
         Some(value) => reader.value::<ErrorsSection>("errors", value.clone()).map(Some),
     };
-    let file = match (server, store, upstreams, routes, errors) {
-        (Some(server), Some(store), Some(upstreams), Some(routes), Some(errors)) => {
-            Some(File { server, store, upstreams, routes, errors })
+    let telemetry = match table.get("telemetry") {
+        None => Some(None),
+        Some(value) => reader.value::<TelemetrySection>("telemetry", value.clone()).map(Some),
+    };
+    let file = match (server, store, upstreams, routes, errors, telemetry) {
+        (Some(server), Some(store), Some(upstreams), Some(routes), Some(errors), Some(telemetry)) => {
+            Some(File { server, store, upstreams, routes, errors, telemetry })
         }
         _ => None,
     };

@@ -45,6 +45,7 @@ use crate::policy::key::IdempotencyKey;
 use crate::policy::scope::Scope;
 use crate::runtime::{IdempotentRoute, Runtime};
 use crate::store::{Final, Held, IndexEntry, IndexKey, Sent, Store, StoredResponse};
+use crate::telemetry::{ChildSpan, RequestSpan};
 use crate::upstream::{Upstream, UpstreamError};
 
 /// Sends an admitted request upstream in an exchange of its own, and waits for the first
@@ -77,6 +78,7 @@ pub async fn forward(
         admitted,
         request: Request::from_parts(parts, body),
         trail,
+        span: ctx.trace.span.clone(),
     };
     let (tx, rx) = oneshot::channel();
     // The exchange's state machine is several KiB; boxed once here, it is not copied again on
@@ -99,6 +101,8 @@ struct Exchange {
     request: Request<Bytes>,
     /// What the key's record may need after the exchange.
     trail: Trail,
+    /// The request's span, when it is traced: the exchange adds `upstream` and `settle`.
+    span: Option<RequestSpan>,
 }
 
 /// What an exchange keeps of its request for a key that ends needing attention: the index
@@ -140,7 +144,7 @@ struct Report {
 
 impl Exchange {
     async fn run(self, client: oneshot::Sender<(Answer, Report)>) {
-        let Self { rt, route, admitted, mut request, trail } = self;
+        let Self { rt, route, admitted, mut request, trail, span } = self;
         // The slots are held until the exchange ends, after its client if it goes first.
         let Admitted { lease, confirmed, slots: _slots } = admitted;
         let (policy, abandon) = (&*route.policy, &rt.abandon);
@@ -154,6 +158,8 @@ impl Exchange {
         if let Some(name) = policy.attempt_header.as_ref().filter(|_| confirmed) {
             request.headers_mut().insert(name.clone(), HeaderValue::from(lease.attempt()));
         }
+        // The upstream gets this span as its parent (`traceparent`).
+        let upstream_span = span.as_ref().map(|s| s.upstream(request.headers_mut()));
         let settle = Settle::new(&route, &rt.store, &lease, confirmed);
         let work = std::pin::pin!(async {
             tokio::select! {
@@ -164,6 +170,10 @@ impl Exchange {
         let started = Instant::now();
         let ended = settle.renewing(&lease, work).await;
         let upstream_done = Instant::now();
+        if let Some(upstream_span) = upstream_span {
+            ended.trace(upstream_span);
+        }
+        let mut settle_span = span.as_ref().map(|s| s.child("settle"));
         let upstream_time = upstream_done - started;
         route.metrics.upstream_latency(ended.class(), upstream_time);
         let report = || Report { upstream: upstream_time, store: upstream_done.elapsed() };
@@ -193,6 +203,7 @@ impl Exchange {
                     tracing::debug!(route = %route.name, error = %e, "settle failed; answering first, then retrying");
                     let _ = client.send((Ok(answer::first(parts, body::full(body), false)), report()));
                     settle.finish(lease, Final::Response(&stored), 1).await;
+                    end_span(settle_span.take());
                     return;
                 }
                 let lost = settle.logged("settle", settled);
@@ -209,6 +220,7 @@ impl Exchange {
                     body: Bytes::new(),
                 };
                 // The client gets the stream now; the key is settled once it has ended.
+                // (Its settle span covers the stream, which the settle waits for.)
                 let _ = client.send((Ok(answer::first(parts, body, false)), report()));
                 // Shutdown does not wait for a slow reader: past the grace period the stream
                 // counts as delivered (the upstream answered; the request ran).
@@ -228,6 +240,7 @@ impl Exchange {
                     // The upstream broke its own answer off.
                     StreamEnd::Broken => settle.unknown(lease, Duration::ZERO).await.holds(),
                 };
+                end_span(settle_span);
                 trail.record(&rt, &route, held, confirmed);
                 return;
             }
@@ -257,8 +270,15 @@ impl Exchange {
                 Err(GatewayError::ShuttingDown)
             }
         };
+        end_span(settle_span);
         let _ = client.send((reply, report()));
         trail.record(&rt, &route, held, confirmed);
+    }
+}
+
+fn end_span(span: Option<ChildSpan>) {
+    if let Some(span) = span {
+        span.end(None);
     }
 }
 
@@ -297,6 +317,18 @@ impl Trail {
 }
 
 impl Ended {
+    /// Ends the upstream span with how the call ended.
+    fn trace(&self, span: ChildSpan) {
+        match self {
+            Self::Whole(parts, _) | Self::Streamed(parts, _, _) => {
+                span.set("http.response.status_code", i64::from(parts.status.as_u16()));
+                span.end(None);
+            }
+            Self::NotSent(e) | Self::NoAnswer(e) => span.end(Some(e.to_string())),
+            Self::Abandoned => span.end(Some("abandoned at shutdown".into())),
+        }
+    }
+
     /// The status class for the upstream latency histogram.
     fn class(&self) -> &'static str {
         match self {

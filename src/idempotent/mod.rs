@@ -46,6 +46,7 @@ use crate::connection::Connection;
 use crate::error::GatewayError;
 use crate::metrics::Outcome;
 use crate::policy::StoreFailurePolicy;
+use crate::policy::fingerprint::Fingerprint;
 use crate::proxy;
 use crate::runtime::{IdempotentRoute, Runtime};
 use crate::store::{Claim, Lease, OwnerToken, StoreError};
@@ -75,7 +76,7 @@ pub async fn handle(
     let owner = OwnerToken::generate();
     let mut ctx = Ctx { route, record, key, scope, fingerprint, owner, trace, holder_ran: Duration::ZERO };
 
-    let mut claimed = claim::claim(rt, &mut ctx, &fingerprint).await;
+    let mut claimed = traced_claim(rt, &mut ctx, &fingerprint).await;
     // An unknown outcome on a route that reconciles: ask the upstream (once per request).
     let mut reconciled = false;
     if let Ok(Claim::Unknown { .. }) = claimed
@@ -89,7 +90,13 @@ pub async fn handle(
             fingerprint,
             &connection.peer,
         );
-        match reconcile::on_retry(rt, route, question).await {
+        let span = ctx.trace.span.as_ref().map(|s| s.child("reconcile"));
+        let asked = reconcile::on_retry(rt, route, question).await;
+        if let Some(span) = span {
+            span.set("idemgate.reconciled", asked.describe());
+            span.end(None);
+        }
+        match asked {
             reconcile::Asked::Found(stored) => {
                 return Ok((Outcome::Replayed, answer::reconciled(stored, &route.policy.replay_header)));
             }
@@ -98,7 +105,7 @@ pub async fn handle(
             }
             reconcile::Asked::Changed => {
                 reconciled = true;
-                claimed = claim::claim(rt, &mut ctx, &fingerprint).await;
+                claimed = traced_claim(rt, &mut ctx, &fingerprint).await;
             }
         }
     }
@@ -128,6 +135,22 @@ pub async fn handle(
     let admitted = admit::admit(rt, &ctx, connection, &scope, lease).await?;
     let response = forward::forward(rt, &mut ctx, admitted, parts, body, &connection.peer).await?;
     Ok((Outcome::Executed, response))
+}
+
+/// The claim phase, as a trace shows it: a `claim` span, and a `wait` span for the time a
+/// duplicate waited for the request holding its key. Without tracing, the claim alone.
+async fn traced_claim(rt: &Runtime, ctx: &mut Ctx<'_>, fingerprint: &Fingerprint) -> Result<Claim, StoreError> {
+    let Some(span) = ctx.trace.span.clone() else { return claim::claim(rt, ctx, fingerprint).await };
+    let waited_before = ctx.trace.wait;
+    let child = span.child("claim");
+    let claimed = claim::claim(rt, ctx, fingerprint).await;
+    let waited = ctx.trace.wait.saturating_sub(waited_before);
+    if !waited.is_zero() {
+        let end = std::time::SystemTime::now();
+        span.child_between("wait", end.checked_sub(waited).unwrap_or(end), end);
+    }
+    child.end(claimed.as_ref().err().map(ToString::to_string));
+    claimed
 }
 
 /// The claim call failed: the route's `on_store_error` decides.

@@ -111,6 +111,17 @@ pub enum Asked {
     },
 }
 
+impl Asked {
+    /// A word for the trace.
+    pub fn describe(&self) -> &'static str {
+        match self {
+            Self::Found(_) => "found",
+            Self::Changed => "settled",
+            Self::Unknown { .. } => "unknown",
+        }
+    }
+}
+
 /// A retry met an unknown outcome: ask the upstream, or wait for the lookup another request
 /// started, within the route's `wait`.
 pub async fn on_retry(rt: &Arc<Runtime>, route: &Arc<IdempotentRoute>, question: Question) -> Asked {
@@ -219,7 +230,7 @@ async fn ask(
             (Reconciliation::NotFound, Asked::Changed)
         }
         (Answer::NotFound, Ok(LookupEnded::TooEarly { left })) => {
-            tracing::debug!(route = %name, key, ?left, "the upstream has no answer yet, and may still be running the request");
+            tracing::debug!(route = %name, key, left = %crate::access::human(left), "the upstream has no answer yet, and may still be running the request");
             (Reconciliation::TooEarly, Asked::Unknown { retry_after: Some(left) })
         }
         // An operator, or another lookup after this one's lease, settled it meanwhile.

@@ -10,6 +10,7 @@ mod errors;
 mod routes;
 mod server;
 mod store;
+mod telemetry;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,9 +47,13 @@ pub(super) fn build(file: File, env: &dyn Fn(&str) -> Option<String>) -> Result<
         file.upstreams.iter().filter_map(|(name, section)| routes::upstream(name, section, &mut issues)).collect();
     let errors = errors::shape("errors", file.errors.as_ref(), &ErrorShape::default(), &mut issues).map(Arc::new);
     let routes = routes::routes(&file, errors.as_deref().unwrap_or(&ErrorShape::default()), &mut issues);
-    match (server, store, errors, issues.0.is_empty()) {
-        (Some(server), Some(store), Some(errors), true) => {
-            Ok(Config { server, store, upstreams, routes, errors, warnings: Vec::new() })
+    let telemetry = match &file.telemetry {
+        None => Some(None),
+        Some(section) => telemetry::telemetry(section, env, &mut issues).map(Some),
+    };
+    match (server, store, errors, telemetry, issues.0.is_empty()) {
+        (Some(server), Some(store), Some(errors), Some(telemetry), true) => {
+            Ok(Config { server, store, upstreams, routes, errors, telemetry, warnings: Vec::new() })
         }
         _ => Err(issues.0),
     }

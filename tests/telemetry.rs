@@ -1,0 +1,231 @@
+//! Traces: what an OTLP collector receives from the gateway, and the trace context the
+//! upstream gets. The collector here is a small in-process OTLP/HTTP receiver that decodes
+//! every export as a real collector would.
+
+mod support;
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, Response};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::any_value::Value;
+use prost::Message;
+use support::client::DEFAULT_AUTH;
+use support::gateway::TestGateway;
+use support::gateway_proc::Toml;
+use support::upstream::{Behavior, TestUpstream};
+
+const ORDER: &str = r#"{"sku":"A-1","quantity":2}"#;
+const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
+
+/// One span as the collector got it.
+#[derive(Debug, Clone)]
+struct Got {
+    name: String,
+    trace_id: String,
+    span_id: String,
+    parent: String,
+    attributes: HashMap<String, String>,
+    service: String,
+}
+
+#[derive(Default)]
+struct Collector {
+    spans: Mutex<Vec<Got>>,
+    auth: Mutex<Vec<Option<String>>>,
+}
+
+async fn collect(state: Arc<Collector>, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+    state.auth.lock().unwrap().push(req.headers().get("x-otlp-token").map(|v| v.to_str().unwrap().to_owned()));
+    let body = req.into_body().collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+    let export = ExportTraceServiceRequest::decode(body).expect("an OTLP protobuf export");
+    for resource in export.resource_spans {
+        let service = resource
+            .resource
+            .iter()
+            .flat_map(|r| &r.attributes)
+            .find(|a| a.key == "service.name")
+            .and_then(|a| a.value.as_ref()?.value.as_ref().map(text))
+            .unwrap_or_default();
+        for scope in resource.scope_spans {
+            for span in scope.spans {
+                let attributes = span
+                    .attributes
+                    .iter()
+                    .filter_map(|a| Some((a.key.clone(), text(a.value.as_ref()?.value.as_ref()?))))
+                    .collect();
+                state.spans.lock().unwrap().push(Got {
+                    name: span.name,
+                    trace_id: hex(&span.trace_id),
+                    span_id: hex(&span.span_id),
+                    parent: hex(&span.parent_span_id),
+                    attributes,
+                    service: service.clone(),
+                });
+            }
+        }
+    }
+    Ok(Response::new(Full::new(Bytes::new())))
+}
+
+fn text(v: &Value) -> String {
+    match v {
+        Value::StringValue(s) => s.clone(),
+        Value::IntValue(n) => n.to_string(),
+        Value::BoolValue(b) => b.to_string(),
+        other => format!("{other:?}"),
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+async fn collector() -> (SocketAddr, Arc<Collector>) {
+    let state = Arc::new(Collector::default());
+    (support::serve_http(Arc::clone(&state), collect).await, state)
+}
+
+fn config(upstream: SocketAddr, collector: SocketAddr, server: &str, telemetry: &str) -> String {
+    let policy = "wait = \"3s\"";
+    format!(
+        "{}\n[telemetry]\notlp_endpoint = \"http://{collector}\"\nservice_name = \"checkout-gateway\"\n{telemetry}\n",
+        Toml { server, policy, ..Toml::new(upstream) }.render()
+    )
+}
+
+async fn spans_of(collector: &Collector, trace: &str, at_least: usize) -> Vec<Got> {
+    for _ in 0..200 {
+        let spans: Vec<Got> = collector.spans.lock().unwrap().iter().filter(|s| s.trace_id == trace).cloned().collect();
+        if spans.len() >= at_least {
+            return spans;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("fewer than {at_least} spans of {trace}: {:#?}", collector.spans.lock().unwrap());
+}
+
+fn traceparent(span: &str, flags: &str) -> String {
+    format!("00-{TRACE}-{span}-{flags}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_request_replay_and_waited_duplicate_are_traced_in_the_clients_trace() {
+    let upstream = TestUpstream::with(Behavior { delay: Duration::from_millis(300), ..Behavior::default() }).await;
+    let (collector_addr, collector) = collector().await;
+    let gw = TestGateway::start(&config(upstream.addr, collector_addr, "shutdown_grace = \"2s\"", "")).await;
+    let client = gw.client();
+    let headers = |parent: &str| {
+        vec![
+            ("content-type", "application/json".to_owned()),
+            ("idempotency-key", "trace-1".to_owned()),
+            ("authorization", DEFAULT_AUTH.to_owned()),
+            ("traceparent", traceparent(parent, "01")),
+            ("tracestate", "vendor=x".to_owned()),
+        ]
+    };
+    let send = |parent: &'static str| {
+        let client = client.clone();
+        let headers = headers(parent);
+        async move {
+            let headers: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            client.send(Method::POST, "/orders", &headers, ORDER).await
+        }
+    };
+    let first = tokio::spawn(send("00f067aa0ba902b7"));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let waited = send("00f067aa0ba902b8").await;
+    assert_eq!(first.await.unwrap().status, 201);
+    assert!(waited.is_replay());
+    let replay = send("00f067aa0ba902b9").await;
+    assert!(replay.is_replay());
+
+    // The upstream got the gateway's upstream span as its parent, in the client's trace.
+    let seen = upstream.seen();
+    assert_eq!(seen.len(), 1);
+    let parent = seen[0].headers.get("traceparent").unwrap().to_str().unwrap().to_owned();
+    assert!(parent.starts_with(&format!("00-{TRACE}-")) && parent.ends_with("-01"), "{parent}");
+    assert_ne!(parent, traceparent("00f067aa0ba902b7", "01"), "the gateway's span, not the client's");
+    assert_eq!(seen[0].headers.get("tracestate").unwrap(), "vendor=x");
+
+    gw.shutdown().await;
+    let spans = spans_of(&collector, TRACE, 3).await;
+    let requests: Vec<&Got> = spans.iter().filter(|s| s.name == "POST orders").collect();
+    assert_eq!(requests.len(), 3, "{spans:#?}");
+    for span in &spans {
+        assert_eq!(span.service, "checkout-gateway");
+        for value in span.attributes.values() {
+            assert!(!value.contains("trace-1") && !value.contains("Bearer"), "no key or credential: {span:?}");
+        }
+    }
+    let by_parent = |client_span: &str| requests.iter().find(|s| s.parent == client_span).copied().unwrap();
+    let executed = by_parent("00f067aa0ba902b7");
+    assert_eq!(executed.attributes["idemgate.outcome"], "executed");
+    assert_eq!(executed.attributes["idemgate.attempt"], "1");
+    assert_eq!(executed.attributes["idemgate.route"], "orders");
+    assert_eq!(executed.attributes["idemgate.record"].len(), 12, "the record's hash, short");
+    assert_eq!(by_parent("00f067aa0ba902b8").attributes["idemgate.outcome"], "replayed");
+    assert_eq!(by_parent("00f067aa0ba902b9").attributes["idemgate.outcome"], "replayed");
+    // Child spans: the claim of each, the duplicate's wait, the exchange and its settle.
+    let children = |of: &Got| -> Vec<String> {
+        let mut names: Vec<String> = spans.iter().filter(|s| s.parent == of.span_id).map(|s| s.name.clone()).collect();
+        names.sort();
+        names
+    };
+    assert_eq!(children(executed), ["claim", "settle", "upstream"]);
+    assert_eq!(children(by_parent("00f067aa0ba902b8")), ["claim", "wait"]);
+    assert_eq!(children(by_parent("00f067aa0ba902b9")), ["claim"]);
+    let upstream_span = spans.iter().find(|s| s.name == "upstream").unwrap();
+    assert_eq!(parent, format!("00-{TRACE}-{}-01", upstream_span.span_id));
+}
+
+/// A client's `sampled` flag is believed only from a trusted proxy: anyone else could have
+/// all its requests exported (or none). Without tracing, the trace context passes untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_trusted_proxy_decides_sampling_and_untraced_requests_pass_their_context_on() {
+    let upstream = TestUpstream::start().await;
+    let (collector_addr, collector) = collector().await;
+    // Nobody trusted, ratio 0: the client's sampled flag is not believed.
+    let gw = TestGateway::start(&config(upstream.addr, collector_addr, "", "sample_ratio = 0.0")).await;
+    let parent = traceparent("00f067aa0ba902b7", "01");
+    let r = gw
+        .client()
+        .send(Method::GET, "/anything", &[("traceparent", parent.as_str()), ("tracestate", "vendor=x")], "")
+        .await;
+    assert_eq!(r.status, 201);
+    assert_eq!(upstream.seen()[0].headers.get("traceparent").unwrap().to_str().unwrap(), parent, "passed on as is");
+    gw.shutdown().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(collector.spans.lock().unwrap().is_empty(), "nothing exported");
+
+    // From a trusted proxy (here: loopback), its decision stands even at ratio 0. The
+    // collector's header comes from the environment (no other test here reads it).
+    // SAFETY: set before the gateway that reads it starts; nothing else reads or writes it.
+    unsafe { std::env::set_var("IDEMGATE_TEST_OTLP_HEADER", "X-Otlp-Token: t0ken") };
+    let gw = TestGateway::start(&config(
+        upstream.addr,
+        collector_addr,
+        "trusted_proxies = [\"127.0.0.1/32\"]",
+        "sample_ratio = 0.0\nheaders_env = \"IDEMGATE_TEST_OTLP_HEADER\"",
+    ))
+    .await;
+    let r = gw.client().send(Method::GET, "/anything", &[("traceparent", parent.as_str())], "").await;
+    assert_eq!(r.status, 201);
+    let unsampled = traceparent("00f067aa0ba902b7", "00");
+    let r = gw.client().send(Method::GET, "/other", &[("traceparent", unsampled.as_str())], "").await;
+    assert_eq!(r.status, 201);
+    gw.shutdown().await;
+    let spans = spans_of(&collector, TRACE, 1).await;
+    assert_eq!(spans.iter().filter(|s| s.name == "GET rest").count(), 1, "the sampled one only: {spans:#?}");
+    assert!(
+        collector.auth.lock().unwrap().iter().all(|a| a.as_deref() == Some("t0ken")),
+        "the header from the environment"
+    );
+}
