@@ -103,31 +103,6 @@ pub enum GatewayError {
     Internal(String),
 }
 
-/// Every problem type the gateway answers with (the `type` slugs), for `[errors.TYPE]`.
-pub const PROBLEM_TYPES: [&str; 21] = [
-    "no-route",
-    "key-missing",
-    "key-malformed",
-    "body-too-large",
-    "body-unreadable",
-    "body-timeout",
-    "scope-missing",
-    "bad-host",
-    "upgrade-refused",
-    "connection-header",
-    "too-many-new-keys",
-    "in-progress",
-    "key-reused",
-    "overloaded",
-    "outcome-unknown",
-    "store-unavailable",
-    "upstream-unavailable",
-    "upstream-timeout",
-    "shutting-down",
-    "internal",
-    "response-not-stored",
-];
-
 /// How one error is answered, counted and logged.
 #[derive(Debug, Clone)]
 pub struct Problem {
@@ -549,6 +524,47 @@ mod tests {
         ];
         for (e, status) in cases {
             assert_eq!(respond(&e, "x:").status().as_u16(), status, "{e}");
+        }
+    }
+
+    /// `[errors.TYPE]` accepts exactly the types this table answers with: every variant's
+    /// slug is in the list, and every entry of the list is some variant's.
+    #[test]
+    fn the_list_of_problem_types_is_the_tables() {
+        use crate::policy::errors::PROBLEM_TYPES;
+        use http::HeaderName;
+        let h = HeaderName::from_static("idempotency-key");
+        let u = || "u".to_owned();
+        let every: Vec<GatewayError> = vec![
+            GatewayError::NoRoute { method: http::Method::GET, path: "/x".into() },
+            KeyError::Missing { header: h.clone() }.into(),
+            KeyError::Empty { header: h }.into(),
+            BodyError::TooLarge { limit: 1 }.into(),
+            BodyError::Read("x".into()).into(),
+            BodyError::Timeout { limit: Duration::ZERO }.into(),
+            ScopeMissing { missing: "header:a".into() }.into(),
+            GatewayError::ConnectionHeader { header: "a".into() },
+            GatewayError::BadHost { detail: "x" },
+            GatewayError::TooManyNewKeys { retry_after: Duration::ZERO },
+            GatewayError::UpgradeRefused,
+            GatewayError::Overloaded,
+            GatewayError::Mismatch,
+            GatewayError::InFlight { retry_after: Duration::ZERO },
+            GatewayError::StoreUnavailable(StoreError::Full),
+            UpstreamError::Unreachable { upstream: u(), detail: u() }.into(),
+            UpstreamError::Timeout { upstream: u(), timeout: Duration::ZERO }.into(),
+            UpstreamError::Failed { upstream: u(), detail: u() }.into(),
+            GatewayError::OutcomeUnknown { timed_out: false, retry_after: None },
+            GatewayError::ShuttingDown,
+            GatewayError::Internal(u()),
+        ];
+        let mut slugs: Vec<&str> = every.iter().map(|e| e.problem().slug).collect();
+        slugs.push(Problem::not_stored(StatusCode::CREATED).slug);
+        for slug in &slugs {
+            assert!(PROBLEM_TYPES.contains(slug), "{slug} is answered but not in PROBLEM_TYPES");
+        }
+        for listed in PROBLEM_TYPES {
+            assert!(slugs.contains(&listed), "{listed} is in PROBLEM_TYPES but never answered");
         }
     }
 }

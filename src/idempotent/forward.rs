@@ -238,7 +238,7 @@ impl Exchange {
                         Some(Held::Executed)
                     }
                     // The upstream broke its own answer off.
-                    StreamEnd::Broken => settle.unknown(lease, Duration::ZERO).await.holds(),
+                    StreamEnd::Broken => held_by(settle.unknown(lease, Duration::ZERO).await),
                 };
                 end_span(settle_span);
                 trail.record(&rt, &route, held, confirmed);
@@ -256,7 +256,7 @@ impl Exchange {
                 let timed_out = matches!(e, UpstreamError::Timeout { .. });
                 let closed = matches!(e, UpstreamError::Failed { .. });
                 let done = settle.unknown(lease, trusted_in(closed)).await;
-                held = done.holds();
+                held = held_by(done);
                 // On a route that reconciles, the client's retry with the same key is what gets
                 // the answer: say so, and when (the lookup the gateway makes by itself).
                 let retry_after = policy.reconcile.as_ref().map(|r| r.after.unwrap_or(Duration::from_secs(1)));
@@ -266,13 +266,22 @@ impl Exchange {
                 }
             }
             Ended::Abandoned => {
-                held = settle.unknown(lease, trusted_in(false)).await.holds();
+                held = held_by(settle.unknown(lease, trusted_in(false)).await);
                 Err(GatewayError::ShuttingDown)
             }
         };
         end_span(settle_span);
         let _ = client.send((reply, report()));
         trail.record(&rt, &route, held, confirmed);
+    }
+}
+
+/// The state an unknown outcome leaves its key in: held as unknown, or released (nothing to
+/// attend to).
+fn held_by(policy: UnknownOutcomePolicy) -> Option<Held> {
+    match policy {
+        UnknownOutcomePolicy::Hold => Some(Held::Unknown),
+        UnknownOutcomePolicy::Release => None,
     }
 }
 

@@ -14,6 +14,31 @@ use std::collections::HashMap;
 
 use http::{HeaderMap, StatusCode};
 
+/// Every problem type the gateway answers with (the `type` slugs), for `[errors.TYPE]`.
+pub const PROBLEM_TYPES: [&str; 21] = [
+    "no-route",
+    "key-missing",
+    "key-malformed",
+    "body-too-large",
+    "body-unreadable",
+    "body-timeout",
+    "scope-missing",
+    "bad-host",
+    "upgrade-refused",
+    "connection-header",
+    "too-many-new-keys",
+    "in-progress",
+    "key-reused",
+    "overloaded",
+    "outcome-unknown",
+    "store-unavailable",
+    "upstream-unavailable",
+    "upstream-timeout",
+    "shutting-down",
+    "internal",
+    "response-not-stored",
+];
+
 /// The placeholders a template may use.
 pub const PLACEHOLDERS: [&str; 6] = ["type", "type_uri", "title", "detail", "status", "retry_after"];
 

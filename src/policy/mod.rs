@@ -112,14 +112,6 @@ pub enum UnknownOutcomePolicy {
 }
 
 impl UnknownOutcomePolicy {
-    /// The state a key is left in: unknown when held, nothing to attend to when released.
-    pub fn holds(self) -> Option<crate::store::Held> {
-        match self {
-            Self::Hold => Some(crate::store::Held::Unknown),
-            Self::Release => None,
-        }
-    }
-
     /// Parses `"hold"` or `"release"`.
     pub fn parse(text: &str) -> Result<Self, String> {
         match text {

@@ -11,9 +11,8 @@ use http::{HeaderName, HeaderValue, StatusCode};
 
 use super::Issues;
 use crate::config::file::{ErrorTypeSection, ErrorsSection};
-use crate::error::PROBLEM_TYPES;
 use crate::headers;
-use crate::policy::errors::{BodyKind, Envelope, ErrorShape, Template, TypeShape, sample_values};
+use crate::policy::errors::{BodyKind, Envelope, ErrorShape, PROBLEM_TYPES, Template, TypeShape, sample_values};
 
 /// The shape `section` (at `key`) gives, over `base` (the file's, for a route).
 pub(super) fn shape(
