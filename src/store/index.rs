@@ -164,6 +164,18 @@ pub struct Page {
     pub next: Option<Cursor>,
 }
 
+impl Page {
+    /// A page of `entries` read from `start`, asked for `limit` of them: a full page has a
+    /// next one (which may be empty), a short one is the last.
+    pub fn new(entries: Vec<(IndexEntry, u64)>, start: Cursor, limit: usize) -> Self {
+        let next = match entries.len() < limit {
+            true => None,
+            false => Cursor::after(Some(start), &entries.iter().map(|(_, score)| *score).collect::<Vec<_>>()),
+        };
+        Self { entries, next }
+    }
+}
+
 /// Now, in ms since the Unix epoch, by this gateway's clock (index scores only: they order
 /// and expire entries, and every entry is checked against its record when read).
 pub fn unix_ms() -> u64 {

@@ -463,9 +463,7 @@ impl Store for MemoryStore {
             .take(limit)
             .map(|((_, score, _), entry)| (entry.clone(), *score))
             .collect();
-        let scores: Vec<u64> = entries.iter().map(|(_, s)| *s).collect();
-        let next = if entries.len() < limit { None } else { Cursor::after(Some(start), &scores) };
-        Ok(Page { entries, next })
+        Ok(Page::new(entries, start, limit))
     }
 
     async fn count(&self, index: &IndexKey, held: Held) -> Result<u64, StoreError> {

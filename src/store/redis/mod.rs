@@ -557,13 +557,11 @@ impl Store for RedisStore {
             other => return Err(protocol(&format!("index list reply {other:?}"))),
         };
         let mut found = Vec::new();
-        let mut scores = Vec::new();
         for triple in items.chunks(3) {
             let [name, score, description] = triple else { return Err(protocol("index list reply cut short")) };
             let score = bulk(score)
                 .and_then(|s| std::str::from_utf8(s).ok()?.parse::<f64>().ok())
                 .ok_or_else(|| protocol("index score is not a number"))? as u64;
-            scores.push(score);
             match bulk(description).and_then(IndexEntry::decode) {
                 Some(entry) => found.push((entry, score)),
                 // No description (written half, or by another version): named, nothing else.
@@ -574,8 +572,7 @@ impl Store for RedisStore {
                 }
             }
         }
-        let next = if scores.len() < limit { None } else { Cursor::after(Some(start), &scores) };
-        Ok(Page { entries: found, next })
+        Ok(Page::new(found, start, limit))
     }
 
     async fn count(&self, index: &IndexKey, held: Held) -> Result<u64, StoreError> {
