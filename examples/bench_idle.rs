@@ -4,7 +4,9 @@
 //!     cargo run --release --example bench_idle -- 127.0.0.1:8080 /path 10000 15
 //!
 //! Prints `OPEN n` once every connection has had its answer, then sleeps for the given
-//! number of seconds and exits (closing them all).
+//! number of seconds and exits (closing them all). With `-` for the path, sends nothing: the
+//! connections are open but have never sent a byte (what a server holds for a client that
+//! connected and went quiet, until its header timeout).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -25,6 +27,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut open = Vec::with_capacity(count);
         for _ in 0..count {
             let mut stream = TcpStream::connect(addr).await?;
+            if path == "-" {
+                open.push(stream);
+                continue;
+            }
             stream.write_all(request.as_bytes()).await?;
             let mut buf = [0u8; 4096];
             // One read is enough for the small answers of the benchmark's upstream.
