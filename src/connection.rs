@@ -9,7 +9,10 @@
 //! - a deadline, recomputed as it changes phase: a new connection must send a complete head
 //!   within `header_read_timeout`; between requests it may stay idle for `idle_timeout`; a
 //!   head, once its first byte arrived, must complete within `header_read_timeout`. Past the
-//!   deadline the connection is dropped;
+//!   deadline the connection is dropped. One timer per connection enforces it, never reset
+//!   per request: it fires at the deadline or within the shorter of the two timeouts,
+//!   whichever comes first, and the serving task re-reads the phase then (see
+//!   [`Connection::next_check`]), so that a phase change never has to wake the task;
 //! - a count of the exchanges it started that still run (`max_exchanges_per_connection`);
 //! - a count of its wasted requests: abandoned (reset) before they were answered, or refused
 //!   because the connection already runs its limit of exchanges. Past `max_reset_streams`
@@ -18,12 +21,12 @@
 //!   ends.
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 
+use futures_util::task::AtomicWaker;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::config::Limits;
@@ -43,10 +46,11 @@ pub struct Connection {
     /// Requests abandoned by the client before they were answered, or refused for the
     /// connection's exchange limit.
     wasted: AtomicUsize,
-    /// Fires when the connection should close gracefully (too many wasted requests).
-    close: Notify,
-    /// Fires when the phase changes in a way that moves the deadline earlier.
-    changed: Notify,
+    /// Set when the connection should close gracefully (too many wasted requests, or the
+    /// server drains); `waker` wakes its serving task to act on it. An atomic, not a
+    /// `Notify`: the serving task looks at it every time it runs, several times a request.
+    closing: AtomicBool,
+    waker: AtomicWaker,
     /// Its place under `max_connections`, held as long as anything uses the connection: its
     /// requests, the exchanges it started, a protocol it upgraded to.
     _place: Option<tokio::sync::OwnedSemaphorePermit>,
@@ -87,8 +91,8 @@ impl Connection {
             in_flight: AtomicUsize::new(0),
             exchanges: AtomicUsize::new(0),
             wasted: AtomicUsize::new(0),
-            close: Notify::new(),
-            changed: Notify::new(),
+            closing: AtomicBool::new(false),
+            waker: AtomicWaker::new(),
             _place: place,
         }
     }
@@ -111,6 +115,16 @@ impl Connection {
             Phase::Idle { since } | Phase::IdleH2 { since } => Some((since + l.idle_timeout, Expired::Idle)),
             Phase::Busy => None,
         }
+    }
+
+    /// When the serving task should next look at the deadline: at the deadline, or within
+    /// the shorter timeout from `now`, whichever is first. A phase change can only move the
+    /// deadline to at least that far ahead (a head that begins now is due within the header
+    /// timeout; an idle period, within the idle timeout), so the timer is never late for it.
+    pub fn next_check(&self, now: Instant) -> Instant {
+        let l = &self.limits;
+        let soonest = now + l.header_read_timeout.min(l.idle_timeout);
+        self.deadline().map_or(soonest, |(at, _)| at.min(soonest))
     }
 
     fn read(&self) {
@@ -153,18 +167,24 @@ impl Connection {
         let wasted = self.wasted.fetch_add(1, Ordering::AcqRel) + 1;
         if wasted == self.limits.max_reset_streams + 1 {
             tracing::warn!(peer = %self.peer.ip(), wasted, last = how, "client wastes requests; closing its connection");
-            self.close.notify_one();
+            self.ask_to_close();
         }
     }
 
-    /// Completes when the connection has been asked to close gracefully.
-    pub async fn close_requested(&self) {
-        self.close.notified().await;
+    /// Asks the connection to close gracefully: it finishes the requests it has.
+    pub fn ask_to_close(&self) {
+        self.closing.store(true, Ordering::Release);
+        self.waker.wake();
     }
 
-    /// Completes when the deadline may have moved earlier (a request ended).
-    pub async fn changed(&self) {
-        self.changed.notified().await;
+    /// Ready once the connection has been asked to close; otherwise wakes `cx` when it is.
+    pub fn poll_close(&self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.closing.load(Ordering::Acquire) {
+            return Poll::Ready(());
+        }
+        self.waker.register(cx.waker());
+        // Asked between the load and the registration: its wake may have found no waker.
+        if self.closing.load(Ordering::Acquire) { Poll::Ready(()) } else { Poll::Pending }
     }
 }
 
@@ -225,7 +245,6 @@ impl Drop for RequestGuard {
         if c.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
             let since = Instant::now();
             *c.phase() = if self.http2 { Phase::IdleH2 { since } } else { Phase::Idle { since } };
-            c.changed.notify_one();
         }
     }
 }
@@ -345,6 +364,24 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn the_timer_is_never_later_than_a_deadline_a_phase_change_can_bring() {
+        let c = connection();
+        let start = Instant::now();
+        assert_eq!(c.next_check(start), start + Duration::from_secs(10), "the first head's deadline");
+        let request = c.request(false);
+        assert_eq!(c.next_check(start), start + Duration::from_secs(10), "busy: the shorter timeout");
+        drop(request.answered(()));
+        let idle = Instant::now();
+        assert_eq!(c.next_check(idle), idle + Duration::from_secs(10), "idle for 60 s, but a head may begin");
+        tokio::time::advance(Duration::from_secs(7)).await;
+        c.read();
+        let head = Instant::now();
+        assert_eq!(c.next_check(head), head + Duration::from_secs(10), "a head began: due in 10 s");
+        tokio::time::advance(Duration::from_secs(4)).await;
+        assert_eq!(c.next_check(Instant::now()), head + Duration::from_secs(10), "the deadline, not later");
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn an_idle_http2_connection_counts_requests_not_frames() {
         let c = connection();
         drop(c.request(true).answered(()));
@@ -371,9 +408,9 @@ mod tests {
         for _ in 0..3 {
             assert!(c.exchange_slot().is_none());
         }
-        assert!(tokio::time::timeout(Duration::from_millis(50), c.close_requested()).await.is_err());
+        assert!(!c.closing.load(Ordering::Acquire));
         assert!(c.exchange_slot().is_none());
-        tokio::time::timeout(Duration::from_millis(50), c.close_requested()).await.unwrap();
+        tokio::time::timeout(Duration::from_millis(50), std::future::poll_fn(|cx| c.poll_close(cx))).await.unwrap();
     }
 
     #[tokio::test]
@@ -382,9 +419,13 @@ mod tests {
         for _ in 0..3 {
             drop(c.request(true));
         }
-        let closing = tokio::time::timeout(Duration::from_millis(50), c.close_requested()).await;
-        assert!(closing.is_err(), "three are allowed");
+        assert!(!c.closing.load(Ordering::Acquire), "three are allowed");
+        let asked = tokio::spawn({
+            let c = Arc::clone(&c);
+            async move { std::future::poll_fn(|cx| c.poll_close(cx)).await }
+        });
+        tokio::task::yield_now().await;
         drop(c.request(true));
-        tokio::time::timeout(Duration::from_millis(50), c.close_requested()).await.unwrap();
+        tokio::time::timeout(Duration::from_millis(50), asked).await.unwrap().unwrap();
     }
 }

@@ -12,7 +12,8 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::task::Poll;
 use std::time::Duration;
 
 use http::{Request, Version};
@@ -20,8 +21,9 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
+use slab::Slab;
 use thiserror::Error;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -29,7 +31,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::admin::{self, Admin};
 use crate::config::{Config, Limits};
-use crate::connection::{Connection, Expired, Watched};
+use crate::connection::{Connection, Watched};
 use crate::forwarded::{Peer, TrustedProxies};
 use crate::gateway::{Gateway, SetupError};
 use crate::reload::Live;
@@ -143,6 +145,7 @@ impl Server {
         let draining = CancellationToken::new();
         let admin_task = admin.map(|(l, a)| tokio::spawn(admin::serve(l, a, draining.clone())));
         let connections = TaskTracker::new();
+        let open = Arc::new(Open::default());
         let builder = Arc::new(http_builder(&limits));
         // One permit per connection: with none left, the loop stops accepting and new clients
         // wait in the listen backlog instead of failing the connections already served.
@@ -167,19 +170,33 @@ impl Server {
                     let peer = Peer::new(peer, &trusted);
                     let peer = if tls.is_some() { peer.over_tls() } else { peer };
                     let connection = Arc::new(Connection::new(peer, limits.clone(), Some(permit)));
-                    let (live, builder, draining) = (Arc::clone(&live), Arc::clone(&builder), draining.clone());
+                    let registered = open.add(&connection);
+                    let (live, builder) = (Arc::clone(&live), Arc::clone(&builder));
                     let handshake = limits.header_read_timeout;
                     connections.spawn(async move {
+                        let _registered = registered;
+                        // Until the client sends its first byte, the connection holds this
+                        // small task and nothing of hyper's or TLS's (buffers, state): what a
+                        // silent client costs. Boxed, so that the task is only as large as
+                        // this wait until then.
+                        if !first_byte(&stream, &connection).await {
+                            return;
+                        }
                         match tls {
-                            None => serve_connection(stream, connection, live, builder, draining).await,
+                            None => Box::pin(serve_connection(stream, connection, live, builder)).await,
                             // The handshake counts against the header timeout, like a silent client.
-                            Some(acceptor) => match tokio::time::timeout(handshake, acceptor.accept(stream)).await {
-                                Ok(Ok(stream)) => serve_connection(stream, connection, live, builder, draining).await,
-                                Ok(Err(e)) => {
-                                    tracing::debug!(peer = %connection.peer.ip(), error = %e, "TLS handshake failed")
-                                }
-                                Err(_) => tracing::debug!(peer = %connection.peer.ip(), "TLS handshake timed out"),
-                            },
+                            Some(acceptor) => {
+                                Box::pin(async move {
+                                    match tokio::time::timeout(handshake, acceptor.accept(stream)).await {
+                                        Ok(Ok(stream)) => serve_connection(stream, connection, live, builder).await,
+                                        Ok(Err(e)) => {
+                                            tracing::debug!(peer = %connection.peer.ip(), error = %e, "TLS handshake failed")
+                                        }
+                                        Err(_) => tracing::debug!(peer = %connection.peer.ip(), "TLS handshake timed out"),
+                                    }
+                                })
+                                .await
+                            }
                         }
                     });
                 }
@@ -192,6 +209,7 @@ impl Server {
         }
         drop(listener);
         draining.cancel();
+        open.ask_all_to_close();
         let deadline = Instant::now() + grace;
         tracing::info!(grace = %crate::access::human(grace), "shutting down: draining connections and exchanges");
         connections.close();
@@ -233,8 +251,10 @@ impl Server {
 /// The HTTP/1.1 + h2c server settings that bound what a client may send.
 fn http_builder(limits: &Limits) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    // A head larger than the read buffer is answered 431 by hyper.
-    builder.http1().timer(TokioTimer::new()).max_buf_size(limits.max_header_bytes);
+    // A head larger than the read buffer is answered 431 by hyper. hyper's own head timer is
+    // off: the connection's deadline covers heads (see connection.rs), with one timer per
+    // connection where hyper's would be reset for every request.
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(None).max_buf_size(limits.max_header_bytes);
     builder
         .http2()
         .timer(TokioTimer::new())
@@ -245,15 +265,32 @@ fn http_builder(limits: &Limits) -> auto::Builder<TokioExecutor> {
     builder
 }
 
+/// Waits until `stream` has bytes to read (or has ended): false when the head deadline
+/// passed first or the connection was asked to close (the server drains).
+async fn first_byte(stream: &TcpStream, connection: &Connection) -> bool {
+    let Some((due, _)) = connection.deadline() else { return true };
+    let timer = tokio::time::sleep_until(due);
+    tokio::pin!(timer);
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(ready) = stream.poll_read_ready(cx) {
+            return Poll::Ready(ready.is_ok());
+        }
+        if connection.poll_close(cx).is_ready() {
+            return Poll::Ready(false);
+        }
+        if timer.as_mut().poll(cx).is_ready() {
+            tracing::debug!(peer = %connection.peer.ip(), reason = ?crate::connection::Expired::Head, "closing a connection that sent nothing");
+            return Poll::Ready(false);
+        }
+        Poll::Pending
+    })
+    .await
+}
+
 /// Serves one connection until it ends, its deadline passes (see [`Connection`]), it asks to
 /// close, or the server drains.
-async fn serve_connection<IO>(
-    stream: IO,
-    connection: Arc<Connection>,
-    live: Arc<Live>,
-    builder: Arc<auto::Builder<TokioExecutor>>,
-    draining: CancellationToken,
-) where
+async fn serve_connection<IO>(stream: IO, connection: Arc<Connection>, live: Arc<Live>, builder: Arc<auto::Builder<TokioExecutor>>)
+where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let c = Arc::clone(&connection);
@@ -269,40 +306,82 @@ async fn serve_connection<IO>(
     let io = TokioIo::new(Watched::new(stream, Arc::clone(&connection)));
     let conn = builder.serve_connection_with_upgrades(io, service);
     tokio::pin!(conn);
-    let mut closing = false;
-    loop {
-        let deadline = connection.deadline();
-        tokio::select! {
-            result = conn.as_mut() => {
-                if let Err(e) = result {
-                    tracing::debug!(peer = %connection.peer.ip(), error = %e, "connection ended with an error");
-                }
-                return;
+    // The connection's one timer (see `Connection::next_check`).
+    let timer = tokio::time::sleep_until(connection.next_check(Instant::now()));
+    tokio::pin!(timer);
+    let (mut closing, mut armed) = (false, false);
+    // Polled by hand rather than with `select!`, which would build and poll a future per
+    // signal every time the task runs: here the common case costs an atomic load and a
+    // timer poll beside the connection itself.
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(result) = conn.as_mut().poll(cx) {
+            if let Err(e) = result {
+                tracing::debug!(peer = %connection.peer.ip(), error = %e, "connection ended with an error");
             }
-            () = sleep_until(deadline), if deadline.is_some() => {
-                // Re-read: activity since the sleep began may have moved the deadline.
-                if let Some((at, why)) = connection.deadline().filter(|(at, _)| *at <= Instant::now()) {
-                    tracing::debug!(peer = %connection.peer.ip(), reason = ?why, late = %crate::access::human(at.elapsed()), "closing a connection past its deadline");
-                    return;
-                }
+            return Poll::Ready(());
+        }
+        if !closing && connection.poll_close(cx).is_ready() {
+            closing = true;
+            conn.as_mut().graceful_shutdown();
+            // The shutdown takes effect when the connection is polled again.
+            cx.waker().wake_by_ref();
+        }
+        // Once polled, the timer wakes the task when it fires: until its time it need not be
+        // polled again (a clock read is cheaper than a timer poll).
+        loop {
+            if armed && Instant::now() < timer.deadline() {
+                break;
             }
-            // A request ended: the loop re-reads the deadline.
-            () = connection.changed() => {}
-            () = connection.close_requested(), if !closing => {
-                closing = true;
-                conn.as_mut().graceful_shutdown();
+            if timer.as_mut().poll(cx).is_pending() {
+                armed = true;
+                break;
             }
-            () = draining.cancelled(), if !closing => {
-                closing = true;
-                conn.as_mut().graceful_shutdown();
+            let now = Instant::now();
+            if let Some((at, why)) = connection.deadline().filter(|(at, _)| *at <= now) {
+                tracing::debug!(peer = %connection.peer.ip(), reason = ?why, late = %crate::access::human(at.elapsed()), "closing a connection past its deadline");
+                return Poll::Ready(());
+            }
+            timer.as_mut().reset(connection.next_check(now));
+            armed = false;
+        }
+        Poll::Pending
+    })
+    .await;
+}
+
+/// The connections open now, so that a drain can ask each of them to close.
+#[derive(Default)]
+struct Open {
+    list: Mutex<Slab<Weak<Connection>>>,
+}
+
+/// A connection's place in [`Open`], given back when its task ends.
+struct Registered {
+    open: Arc<Open>,
+    key: usize,
+}
+
+impl Open {
+    fn list(&self) -> std::sync::MutexGuard<'_, Slab<Weak<Connection>>> {
+        self.list.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn add(self: &Arc<Self>, connection: &Arc<Connection>) -> Registered {
+        let key = self.list().insert(Arc::downgrade(connection));
+        Registered { open: Arc::clone(self), key }
+    }
+
+    fn ask_all_to_close(&self) {
+        for (_, connection) in self.list().iter() {
+            if let Some(connection) = connection.upgrade() {
+                connection.ask_to_close();
             }
         }
     }
 }
 
-async fn sleep_until(deadline: Option<(Instant, Expired)>) {
-    match deadline {
-        Some((at, _)) => tokio::time::sleep_until(at).await,
-        None => std::future::pending().await,
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.open.list().try_remove(self.key);
     }
 }
