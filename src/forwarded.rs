@@ -143,10 +143,14 @@ pub fn apply(headers: &mut HeaderMap, peer: &Peer, host: Option<&HeaderValue>) {
         .and_then(|prior| HeaderValue::from_str(&format!("{prior}, {}", peer.ip)).ok());
     headers.insert(X_FORWARDED_FOR, chained.unwrap_or_else(|| peer.plain.clone()));
 
-    let mut element = peer.element.clone();
+    // Sized once: this runs for every request.
+    let host_text = host.and_then(|h| h.to_str().ok()).filter(|h| is_token_or_host(h));
+    let mut element =
+        String::with_capacity(peer.element.len() + 7 + proto.len() + host_text.map_or(0, |h| 6 + h.len()));
+    element.push_str(&peer.element);
     element.push_str(";proto=");
     element.push_str(proto);
-    if let Some(host) = host.and_then(|h| h.to_str().ok()).filter(|h| is_token_or_host(h)) {
+    if let Some(host) = host_text {
         element.push_str(";host=");
         element.push_str(host);
     }
@@ -157,16 +161,17 @@ pub fn apply(headers: &mut HeaderMap, peer: &Peer, host: Option<&HeaderValue>) {
     if let Ok(value) = HeaderValue::from_str(&forwarded) {
         headers.insert(header::FORWARDED, value);
     }
-    // A trusted proxy's view of the original scheme, host and client wins over ours.
-    if !headers.contains_key(&X_FORWARDED_PROTO) {
+    // A trusted proxy's view of the original scheme, host and client wins over ours. (From
+    // anyone else these headers were stripped above: no need to look for them.)
+    if untrusted || !headers.contains_key(&X_FORWARDED_PROTO) {
         headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(proto));
     }
     if let Some(host) = host
-        && !headers.contains_key(&X_FORWARDED_HOST)
+        && (untrusted || !headers.contains_key(&X_FORWARDED_HOST))
     {
         headers.insert(X_FORWARDED_HOST, host.clone());
     }
-    if !headers.contains_key(&X_REAL_IP) {
+    if untrusted || !headers.contains_key(&X_REAL_IP) {
         headers.insert(X_REAL_IP, peer.plain.clone());
     }
 }

@@ -197,6 +197,8 @@ impl Gateway {
             }
             // Boxed: the idempotent path's state is several times the pass-through's, and an
             // unboxed future would make every request (and every idle connection) carry it.
+            // (Boxing the pass-through too saves 1.3 KB per idle connection but costs every
+            // pass-through request 1.4% more instructions: measured, and left inline.)
             Routed::Idempotent(route) => {
                 Box::pin(idempotent::handle(&self.runtime, route, request, connection, &mut trace)).await
             }

@@ -7,22 +7,22 @@
 
 use http::header::{self, HeaderMap, HeaderName};
 
-/// Headers that are hop-by-hop whatever `Connection` says.
-const HOP_BY_HOP: [HeaderName; 9] = [
-    header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
-    HeaderName::from_static("proxy-connection"),
-    header::PROXY_AUTHENTICATE,
-    header::PROXY_AUTHORIZATION,
-    header::TE,
-    header::TRAILER,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
-];
-
-/// Whether `name` is always hop-by-hop.
+/// Whether `name` is always hop-by-hop, whatever `Connection` says. A match on the name,
+/// not a table of `HeaderName`s: a `const` table is built and dropped at every use, and this
+/// runs for every header of every request.
 pub fn is_hop_by_hop(name: &HeaderName) -> bool {
-    HOP_BY_HOP.contains(name)
+    matches!(
+        name.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+    )
 }
 
 /// The tokens of every `Connection` header, trimmed, empty ones skipped. The one reading of
@@ -73,13 +73,9 @@ pub fn strip(headers: &mut HeaderMap, also: impl Fn(&HeaderName) -> bool) {
 /// Response headers that are never stored for replay: session cookies and credentials or
 /// challenges meant for the one client that got them. (`Proxy-*` and hop-by-hop headers are
 /// never stored either.) `Date` is not stored because a replay gets a fresh one.
-const NEVER_STORED: [HeaderName; 5] = [
-    header::SET_COOKIE,
-    HeaderName::from_static("set-cookie2"),
-    header::WWW_AUTHENTICATE,
-    HeaderName::from_static("authentication-info"),
-    header::DATE,
-];
+fn never_stored(name: &HeaderName) -> bool {
+    matches!(name.as_str(), "set-cookie" | "set-cookie2" | "www-authenticate" | "authentication-info" | "date")
+}
 
 /// Which response headers a route stores for replay.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -98,7 +94,7 @@ pub fn storable(headers: &HeaderMap, policy: &StoredHeaders) -> HeaderMap {
     let stored = |name: &HeaderName| {
         !(is_hop_by_hop(name)
             || name.as_str().starts_with("proxy-")
-            || NEVER_STORED.contains(name)
+            || never_stored(name)
             || policy.exclude.contains(name)
             || policy.allow.as_ref().is_some_and(|allow| !allow.contains(name)))
     };
