@@ -5,11 +5,20 @@
 //! its key, and a short prefix of the record's hash, so that an operator can follow one key
 //! across gateways. Never the key itself or a credential. Times are in milliseconds, to the
 //! microsecond.
+//!
+//! It is a `tracing` event (target `idemgate::access`), filtered like every other line. In
+//! the binary, though, the line is formatted here, in the shape the log subscriber would give
+//! it (JSON or uncoloured text, see [`format_line`]), into a buffer each thread reuses, and
+//! handed to the log writer's buffer (`log_writer`): the subscriber's generic formatting,
+//! field by field through `fmt::Debug`, cost more than the rest of a pass-through request.
+//! A test holds the two shapes equal.
 
-use std::time::Duration;
+use std::cell::RefCell;
+use std::time::{Duration, SystemTime};
 
 use http::{Method, StatusCode};
 
+use crate::log_writer::AccessFormat;
 use crate::metrics::Outcome;
 
 /// What the idempotent path learned about a request, for its access line.
@@ -31,6 +40,26 @@ pub struct Trace {
 
 /// Writes the access line of one request (target `idemgate::access`, level info).
 pub fn log(route: &str, method: &Method, outcome: Outcome, status: StatusCode, total: Duration, trace: &Trace) {
+    if !tracing::enabled!(target: "idemgate::access", tracing::Level::INFO) {
+        return;
+    }
+    let Some(format) = crate::log_writer::access_format() else {
+        return event(route, method, outcome, status, total, trace);
+    };
+    thread_local! {
+        static LINE: RefCell<Vec<u8>> = RefCell::new(Vec::with_capacity(512));
+    }
+    LINE.with(|line| {
+        // Not re-entered: nothing below logs.
+        let Ok(mut line) = line.try_borrow_mut() else { return };
+        line.clear();
+        format_line(&mut line, format, SystemTime::now(), route, method, outcome, status, total, trace);
+        crate::log_writer::write_access_line(&line);
+    });
+}
+
+/// The access line as a `tracing` event, for the log subscriber to format.
+fn event(route: &str, method: &Method, outcome: Outcome, status: StatusCode, total: Duration, trace: &Trace) {
     let ms = millis;
     tracing::info!(
         target: "idemgate::access",
@@ -46,6 +75,222 @@ pub fn log(route: &str, method: &Method, outcome: Outcome, status: StatusCode, t
         record = trace.record.as_deref(),
         "request"
     );
+}
+
+/// Formats one access line, newline included, exactly as the log subscriber formats the
+/// [`event`] (JSON with the event's fields flattened, or text without colours).
+#[allow(clippy::too_many_arguments)] // the access line's fields, as `log` has them
+fn format_line(
+    out: &mut Vec<u8>,
+    format: AccessFormat,
+    now: SystemTime,
+    route: &str,
+    method: &Method,
+    outcome: Outcome,
+    status: StatusCode,
+    total: Duration,
+    trace: &Trace,
+) {
+    let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+    match format {
+        AccessFormat::Json => {
+            out.extend_from_slice(b"{\"timestamp\":\"");
+            timestamp(out, now);
+            out.extend_from_slice(b"\",\"level\":\"INFO\",\"message\":\"request\",\"route\":");
+            json_str(out, route);
+            out.extend_from_slice(b",\"method\":");
+            json_str(out, method.as_str());
+            // Outcome labels are plain words: nothing to escape.
+            out.extend_from_slice(b",\"outcome\":\"");
+            out.extend_from_slice(outcome.as_str().as_bytes());
+            out.push(b'"');
+            out.extend_from_slice(b",\"status\":");
+            number(out, u64::from(status.as_u16()));
+            if let Some(attempt) = trace.attempt {
+                out.extend_from_slice(b",\"attempt\":");
+                number(out, u64::from(attempt));
+            }
+            out.extend_from_slice(b",\"total_ms\":");
+            millis_text(out, micros(total));
+            if let Some(upstream) = trace.upstream {
+                out.extend_from_slice(b",\"upstream_ms\":");
+                millis_text(out, micros(upstream));
+            }
+            out.extend_from_slice(b",\"store_ms\":");
+            millis_text(out, micros(trace.store));
+            out.extend_from_slice(b",\"wait_ms\":");
+            millis_text(out, micros(trace.wait));
+            if let Some(record) = &trace.record {
+                out.extend_from_slice(b",\"record\":");
+                json_str(out, record);
+            }
+            out.extend_from_slice(b",\"target\":\"idemgate::access\"}\n");
+        }
+        AccessFormat::Text => {
+            timestamp(out, now);
+            out.extend_from_slice(b"  INFO idemgate::access: request route=");
+            debug_str(out, route);
+            out.extend_from_slice(b" method=");
+            out.extend_from_slice(method.as_str().as_bytes());
+            out.extend_from_slice(b" outcome=\"");
+            out.extend_from_slice(outcome.as_str().as_bytes());
+            out.push(b'"');
+            out.extend_from_slice(b" status=");
+            number(out, u64::from(status.as_u16()));
+            if let Some(attempt) = trace.attempt {
+                out.extend_from_slice(b" attempt=");
+                number(out, u64::from(attempt));
+            }
+            out.extend_from_slice(b" total_ms=");
+            millis_text(out, micros(total));
+            if let Some(upstream) = trace.upstream {
+                out.extend_from_slice(b" upstream_ms=");
+                millis_text(out, micros(upstream));
+            }
+            out.extend_from_slice(b" store_ms=");
+            millis_text(out, micros(trace.store));
+            out.extend_from_slice(b" wait_ms=");
+            millis_text(out, micros(trace.wait));
+            if let Some(record) = &trace.record {
+                out.extend_from_slice(b" record=");
+                debug_str(out, record);
+            }
+            out.push(b'\n');
+        }
+    }
+}
+
+/// `2026-12-02T04:16:12.174250Z`, as the subscriber's timer writes it. The part up to the
+/// second is computed once a second per thread.
+fn timestamp(out: &mut Vec<u8>, now: SystemTime) {
+    thread_local! {
+        static SECOND: RefCell<(u64, [u8; 20])> = const { RefCell::new((u64::MAX, [0; 20])) };
+    }
+    let since = now.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+    let secs = since.as_secs();
+    SECOND.with(|cached| {
+        let mut cached = cached.borrow_mut();
+        if cached.0 != secs {
+            let mut text = Vec::with_capacity(20);
+            let days = i64::try_from(secs / 86_400).unwrap_or(0);
+            let (year, month, day) = civil_from_days(days);
+            let rest = secs % 86_400;
+            let _ = std::io::Write::write_fmt(
+                &mut text,
+                format_args!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.", rest / 3600, rest / 60 % 60, rest % 60),
+            );
+            if let Ok(prefix) = <[u8; 20]>::try_from(text.as_slice()) {
+                *cached = (secs, prefix);
+            } else {
+                // A year past 9999: not worth a cache.
+                out.extend_from_slice(&text);
+                digits(out, u64::from(since.subsec_micros()), 6);
+                out.push(b'Z');
+                return;
+            }
+        }
+        out.extend_from_slice(&cached.1);
+        digits(out, u64::from(since.subsec_micros()), 6);
+        out.push(b'Z');
+    });
+}
+
+/// The proleptic Gregorian date of a day counted from 1970-01-01 (H. Hinnant's algorithm).
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (year, u32::try_from(month).unwrap_or(1), u32::try_from(day).unwrap_or(1))
+}
+
+/// `n` in decimal.
+fn number(out: &mut Vec<u8>, mut n: u64) {
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&buf[i..]);
+}
+
+/// `n` in exactly `width` decimal digits, zero-padded.
+fn digits(out: &mut Vec<u8>, mut n: u64, width: usize) {
+    let start = out.len();
+    out.resize(start + width, b'0');
+    for i in (start..start + width).rev() {
+        out[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+    }
+}
+
+/// Microseconds as the milliseconds that [`millis`] gives print, in `Debug` and in JSON:
+/// `96.655`, `10.86`, `0.7`, `2000.0` (checked against both by a test).
+fn millis_text(out: &mut Vec<u8>, micros: u64) {
+    // Written from the right into a buffer on the stack: `u64::MAX` µs has 17 digits before
+    // the point.
+    let mut buf = [0u8; 24];
+    let mut i = buf.len();
+    let mut frac = micros % 1000;
+    if frac == 0 {
+        i -= 1;
+        buf[i] = b'0';
+    } else {
+        let mut width = 3;
+        while frac % 10 == 0 {
+            frac /= 10;
+            width -= 1;
+        }
+        for _ in 0..width {
+            i -= 1;
+            buf[i] = b'0' + (frac % 10) as u8;
+            frac /= 10;
+        }
+    }
+    i -= 1;
+    buf[i] = b'.';
+    let mut whole = micros / 1000;
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (whole % 10) as u8;
+        whole /= 10;
+        if whole == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&buf[i..]);
+}
+
+/// A string as `fmt::Debug` writes it (quoted, escaped), as the text format records it.
+fn debug_str(out: &mut Vec<u8>, s: &str) {
+    if s.bytes().all(|b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\') {
+        out.push(b'"');
+        out.extend_from_slice(s.as_bytes());
+        out.push(b'"');
+    } else {
+        let _ = std::io::Write::write_fmt(out, format_args!("{s:?}"));
+    }
+}
+
+/// A string as a JSON string, escaped as `serde_json` escapes it.
+fn json_str(out: &mut Vec<u8>, s: &str) {
+    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        out.push(b'"');
+        out.extend_from_slice(s.as_bytes());
+        out.push(b'"');
+    } else {
+        let _ = serde_json::to_writer(&mut *out, s);
+    }
 }
 
 /// Milliseconds to the microsecond: `4.105`, never `4.1057120000000005` (what
@@ -64,6 +309,102 @@ pub fn human(d: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::{Arc, Mutex};
+
+    /// What the log subscriber writes for the [`event`], as the binary configures it.
+    fn through_tracing(json: bool, emit: impl FnOnce()) -> String {
+        let out = Arc::new(Mutex::new(Vec::new()));
+        let writer = {
+            let out = Arc::clone(&out);
+            move || Sink(Arc::clone(&out))
+        };
+        let builder = tracing_subscriber::fmt().with_writer(writer).with_ansi(false);
+        if json {
+            tracing::subscriber::with_default(builder.json().flatten_event(true).with_current_span(false).finish(), emit);
+        } else {
+            tracing::subscriber::with_default(builder.finish(), emit);
+        }
+        let text = out.lock().expect("sink").clone();
+        String::from_utf8(text).expect("utf-8")
+    }
+
+    struct Sink(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Sink {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("sink").extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// The line without its timestamp (the two are taken at different instants).
+    fn untimed(line: &str) -> String {
+        let at = line.find("Z").expect("a timestamp");
+        let start = line.find("20").expect("a year");
+        format!("{}{}", &line[..start], &line[at + 1..])
+    }
+
+    #[test]
+    fn lines_formatted_here_read_exactly_as_the_subscriber_writes_them() {
+        let full = Trace {
+            record: Some("4b2e730956a5".into()),
+            attempt: Some(2),
+            store: Duration::from_micros(369),
+            wait: Duration::from_micros(2_000_000),
+            upstream: Some(Duration::from_micros(96_655)),
+            span: None,
+        };
+        let bare = Trace::default();
+        let odd = Trace { record: Some("quote\" and \\ and \u{1}".into()), ..Trace::default() };
+        let cases: [(&str, Method, Outcome, u16, u64, &Trace); 4] = [
+            ("orders", Method::POST, Outcome::Executed, 201, 710, &full),
+            ("pass", Method::GET, Outcome::PassedThrough, 200, 0, &bare),
+            ("ünïcode \"route\"\t", Method::from_bytes(b"PURGE").expect("method"), Outcome::Rejected, 400, 21, &odd),
+            ("orders", Method::PUT, Outcome::Replayed, 200, 10_860, &full),
+        ];
+        for (route, method, outcome, status, micros, trace) in cases {
+            let status = StatusCode::from_u16(status).expect("status");
+            let total = Duration::from_micros(micros);
+            for (json, format) in [(true, AccessFormat::Json), (false, AccessFormat::Text)] {
+                let theirs = through_tracing(json, || event(route, &method, outcome, status, total, trace));
+                let mut ours = Vec::new();
+                format_line(&mut ours, format, SystemTime::now(), route, &method, outcome, status, total, trace);
+                let ours = String::from_utf8(ours).expect("utf-8");
+                assert_eq!(untimed(&ours), untimed(&theirs), "{format:?}");
+                assert!(ours.ends_with('\n'));
+            }
+        }
+    }
+
+    #[test]
+    fn timestamps_read_as_the_subscriber_writes_them() {
+        for (secs, micros, text) in [
+            (0, 0, "1970-01-01T00:00:00.000000Z"),
+            (951_825_600, 7, "2000-02-29T12:00:00.000007Z"),
+            (1_796_185_329, 216_141, "2026-12-02T04:22:09.216141Z"),
+            (4_107_542_399, 999_999, "2100-02-28T23:59:59.999999Z"),
+        ] {
+            let at = SystemTime::UNIX_EPOCH + Duration::from_secs(secs) + Duration::from_micros(micros);
+            let mut out = Vec::new();
+            timestamp(&mut out, at);
+            assert_eq!(String::from_utf8(out).expect("utf-8"), text);
+        }
+    }
+
+    #[test]
+    fn milliseconds_formatted_here_read_as_debug_and_json_print_them() {
+        for micros in (0..20_000u64).chain([1_000_000, 2_000_000, 123_456_789, 999_999_999_999]) {
+            let mut ours = Vec::new();
+            millis_text(&mut ours, micros);
+            let ours = String::from_utf8(ours).expect("utf-8");
+            let value = millis(Duration::from_micros(micros));
+            assert_eq!(ours, format!("{value:?}"), "{micros} µs");
+            assert_eq!(ours, serde_json::json!(value).to_string(), "{micros} µs");
+        }
+    }
 
     #[test]
     fn durations_for_people_are_short() {

@@ -40,6 +40,7 @@
 //! configuration, the policy, the store, and the server with its gateway.
 
 pub mod config;
+pub mod log_writer;
 pub mod policy;
 pub mod store;
 

@@ -10,8 +10,10 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use idemgate::config::{Config, LogFormat};
+use idemgate::log_writer::AccessFormat;
 use idemgate::{Live, Server, Upstream};
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::fmt::writer::BoxMakeWriter;
 
 #[path = "cli/keys.rs"]
 mod keys;
@@ -64,10 +66,29 @@ fn main() -> ExitCode {
 /// comes from `RUST_LOG` (default `info`).
 fn init_logging(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // Through a buffer and a thread of its own (see log_writer); straight to stderr if that
+    // thread cannot start.
+    let ansi = std::io::stderr().is_terminal();
+    let writer = match idemgate::log_writer::stderr() {
+        Ok(writer) => {
+            // Access lines are formatted by the gateway itself, in the subscriber's shape
+            // (see access.rs); coloured ones are left to the subscriber.
+            match format {
+                LogFormat::Json => idemgate::log_writer::format_access_lines_here(AccessFormat::Json),
+                LogFormat::Pretty if !ansi => idemgate::log_writer::format_access_lines_here(AccessFormat::Text),
+                LogFormat::Pretty => {}
+            }
+            BoxMakeWriter::new(writer)
+        }
+        Err(e) => {
+            eprintln!("cannot start the log writer thread ({e}); logging to stderr directly");
+            BoxMakeWriter::new(std::io::stderr)
+        }
+    };
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(writer);
     match format {
         LogFormat::Json => builder.json().flatten_event(true).with_current_span(false).init(),
-        LogFormat::Pretty => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Pretty => builder.with_ansi(ansi).init(),
     }
 }
 
@@ -124,14 +145,17 @@ fn serve(path: &std::path::Path, log_format: Option<LogFormat>) -> ExitCode {
     let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
+            idemgate::log_writer::flush();
             eprintln!("cannot start the runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
-    runtime.block_on(async {
+    let code = runtime.block_on(async {
         let server = match Server::bind_reloadable(&config, Some(path.to_path_buf())).await {
             Ok(s) => s,
             Err(e) => {
+                // After the config's warnings, which the log writer may still hold.
+                idemgate::log_writer::flush();
                 eprintln!("{}: {e}", path.display());
                 return ExitCode::FAILURE;
             }
@@ -146,7 +170,9 @@ fn serve(path: &std::path::Path, log_format: Option<LogFormat>) -> ExitCode {
         reload_on_sighup(server.live());
         server.run(shutdown_signal()).await;
         ExitCode::SUCCESS
-    })
+    });
+    idemgate::log_writer::flush();
+    code
 }
 
 /// Reloads the configuration on every SIGHUP (which would otherwise end the process). A bad
@@ -182,6 +208,7 @@ async fn shutdown_signal() {
             _ = tokio::signal::ctrl_c() => {}
         }
         tracing::warn!("second signal: exiting without draining");
+        idemgate::log_writer::flush();
         std::process::exit(130);
     });
 }

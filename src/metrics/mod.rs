@@ -122,6 +122,8 @@ pub struct Metrics {
     registry: Registry,
     requests: Family<RouteOutcome, Counter>,
     unmatched: Counter,
+    /// Mirrors the log writer's count, brought up to date when the metrics are read.
+    log_lines_dropped: Counter,
     released: Family<RouteReason, Counter>,
     lease_lost: Family<RouteLabel, Counter>,
     store_errors: Family<RouteLabel, Counter>,
@@ -148,6 +150,12 @@ impl Default for Metrics {
         registry.register("requests", "Requests by route and outcome", requests.clone());
         let unmatched = Counter::default();
         registry.register("unmatched_requests", "Requests that matched no route (404)", unmatched.clone());
+        let log_lines_dropped = Counter::default();
+        registry.register(
+            "log_lines_dropped",
+            "Log lines dropped because stderr was not read fast enough (the log buffer was full)",
+            log_lines_dropped.clone(),
+        );
         let released = Family::default();
         registry.register("released", "Claims released instead of stored, by reason", released.clone());
         let lease_lost = Family::default();
@@ -213,6 +221,7 @@ impl Default for Metrics {
             registry,
             requests,
             unmatched,
+            log_lines_dropped,
             released,
             lease_lost,
             store_errors,
@@ -323,6 +332,10 @@ impl Metrics {
 
     /// The text exposition format.
     pub fn encode(&self) -> String {
+        let (dropped, shown) = (crate::log_writer::dropped_lines(), self.log_lines_dropped.get());
+        if dropped > shown {
+            self.log_lines_dropped.inc_by(dropped - shown);
+        }
         let mut out = String::new();
         // Encoding into a String only fails if a metric's own encoder fails; ours do not.
         if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
