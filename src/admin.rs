@@ -501,7 +501,7 @@ async fn read_answer(route: &IdempotentRoute, body: Incoming) -> Result<StoredRe
     }
     // What a replay may carry, as for an answer from the upstream.
     let headers = crate::headers::storable(&headers, &route.policy.stored_headers);
-    Ok(StoredResponse { status, headers, body: bytes::Bytes::from(answer.body) })
+    Ok(StoredResponse { status, headers, body: bytes::Bytes::from(answer.body).into() })
 }
 
 fn unavailable(gw: &Gateway, e: StoreError) -> Response<Body> {

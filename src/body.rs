@@ -10,6 +10,8 @@ use http::HeaderMap;
 use http_body_util::{BodyExt, Full, Limited, combinators::UnsyncBoxBody};
 use thiserror::Error;
 
+use crate::store::Payload;
+
 /// Errors of any body, boxed.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -19,6 +21,44 @@ pub type Body = UnsyncBoxBody<Bytes, BoxError>;
 /// A body holding `bytes`.
 pub fn full(bytes: impl Into<Bytes>) -> Body {
     Full::new(bytes.into()).map_err(|never| match never {}).boxed_unsync()
+}
+
+/// A body holding `payload`'s pieces as they are: one frame each, nothing joined.
+pub fn payload(payload: Payload) -> Body {
+    if payload.pieces().nth(1).is_none() {
+        return full(payload.to_bytes());
+    }
+    Pieces { left: payload.len(), pieces: payload.pieces().cloned().collect::<Vec<_>>().into_iter() }.boxed_unsync()
+}
+
+/// The frames of a [`payload`] in pieces; its exact size is known, as for a `Full` body.
+struct Pieces {
+    pieces: std::vec::IntoIter<Bytes>,
+    left: usize,
+}
+
+impl http_body::Body for Pieces {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, BoxError>>> {
+        let next = self.pieces.next();
+        if let Some(piece) = &next {
+            self.left -= piece.len();
+        }
+        std::task::Poll::Ready(next.map(|piece| Ok(http_body::Frame::data(piece))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.left == 0
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.left as u64)
+    }
 }
 
 /// Boxes any body whose errors convert into [`BoxError`].
@@ -84,6 +124,21 @@ mod tests {
     use hyper::body::Frame;
 
     const SECOND: std::time::Duration = std::time::Duration::from_secs(1);
+
+    #[tokio::test]
+    async fn a_payload_in_pieces_is_sent_as_its_pieces_with_its_exact_length() {
+        let pieces = vec![Bytes::from_static(b"{\"order"), Bytes::from_static(b"_id\":1}")];
+        let addresses: Vec<*const u8> = pieces.iter().map(|p| p.as_ptr()).collect();
+        let mut body = payload(Payload::from_pieces(pieces));
+        assert_eq!(http_body::Body::size_hint(&body).exact(), Some(14), "sized like a Full body");
+        let mut seen = Vec::new();
+        while let Some(frame) = body.frame().await {
+            let data = frame.expect("no error").into_data().expect("data");
+            seen.push(data.as_ptr());
+        }
+        assert_eq!(seen, addresses, "the pieces themselves, not a copy");
+        assert!(http_body::Body::is_end_stream(&body));
+    }
 
     fn chunked(chunks: &[&'static [u8]]) -> impl http_body::Body<Data = Bytes, Error = BoxError> {
         let frames: Vec<Result<Frame<Bytes>, BoxError>> =

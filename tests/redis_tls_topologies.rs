@@ -36,7 +36,7 @@ fn record(prefix: &str, name: &str) -> RecordKey {
 fn response(body: &str) -> StoredResponse {
     let mut headers = HeaderMap::new();
     headers.insert("content-type", HeaderValue::from_static("application/json"));
-    StoredResponse { status: StatusCode::CREATED, headers, body: Bytes::from(body.to_owned()) }
+    StoredResponse { status: StatusCode::CREATED, headers, body: Bytes::from(body.to_owned()).into() }
 }
 
 /// The store at `url`, trusting `ca_file` (the system roots when None). Connections are made

@@ -38,7 +38,7 @@ fn response(body: &'static [u8]) -> StoredResponse {
     headers.insert("content-type", HeaderValue::from_static("application/json"));
     headers.append("x-multi", HeaderValue::from_static("1"));
     headers.append("x-multi", HeaderValue::from_static("2"));
-    StoredResponse { status: StatusCode::CREATED, headers, body: Bytes::from_static(body) }
+    StoredResponse { status: StatusCode::CREATED, headers, body: Bytes::from_static(body).into() }
 }
 
 async fn acquire(
@@ -114,7 +114,7 @@ async fn completed_response_is_replayed_exactly(store: Backend, p: String) {
 fn large_response(fill: u8) -> StoredResponse {
     let mut body = vec![fill; 200 * 1024];
     body[..10].copy_from_slice(b"\x00\xff\r\n large");
-    StoredResponse { body: Bytes::from(body), ..response(b"") }
+    StoredResponse { body: Bytes::from(body).into(), ..response(b"") }
 }
 
 async fn a_large_response_is_kept_whole_and_only_by_its_owner(store: Backend, p: String) {
@@ -211,7 +211,7 @@ async fn expired_lease_is_taken_over_and_the_stale_owner_is_locked_out(store: Ba
     assert!(matches!(claim(&store, &k, fp(1)).await, Claim::InFlight { .. }), "the fresh claim still holds");
     assert_eq!(complete(&store, fresh, &response(b"fresh"), RETENTION).await, Settled::Done);
     match claim(&store, &k, fp(1)).await {
-        Claim::Completed(r) => assert_eq!(r.body, Bytes::from_static(b"fresh")),
+        Claim::Completed(r) => assert_eq!(r.body, Bytes::from_static(b"fresh").into()),
         other => panic!("expected Completed, got {other:?}"),
     }
 }

@@ -592,16 +592,16 @@ fn responses() -> [StoredResponse; RESPONSES] {
         StoredResponse {
             status: StatusCode::CREATED,
             headers: json,
-            body: Bytes::from_static(b"{\"order_id\":7}\x00\xff\r\n"),
+            body: Bytes::from_static(b"{\"order_id\":7}\x00\xff\r\n").into(),
         },
-        StoredResponse { status: StatusCode::OK, headers: opaque, body: Bytes::from((0..=255u8).collect::<Vec<_>>()) },
-        StoredResponse { status: StatusCode::INTERNAL_SERVER_ERROR, headers: HeaderMap::new(), body: Bytes::new() },
+        StoredResponse { status: StatusCode::OK, headers: opaque, body: Bytes::from((0..=255u8).collect::<Vec<_>>()).into() },
+        StoredResponse { status: StatusCode::INTERNAL_SERVER_ERROR, headers: HeaderMap::new(), body: Bytes::new().into() },
     ]
 }
 
 /// The head of a response, as an executed record keeps it: status and headers, no body.
 fn head(r: &StoredResponse) -> StoredResponse {
-    StoredResponse { status: r.status, headers: r.headers.clone(), body: Bytes::new() }
+    StoredResponse { status: r.status, headers: r.headers.clone(), body: Bytes::new().into() }
 }
 
 // ---- the interpreter -------------------------------------------------------------------

@@ -26,7 +26,7 @@ pub fn replay(stored: StoredResponse, replay_header: &HeaderName) -> Response<Bo
     let StoredResponse { status, mut headers, body } = stored;
     headers.insert(replay_header.clone(), HeaderValue::from_static("true"));
     headers.insert(header::DATE, now());
-    let mut response = Response::new(body::full(body));
+    let mut response = Response::new(body::payload(body));
     *response.status_mut() = status;
     *response.headers_mut() = headers;
     response

@@ -8,18 +8,19 @@
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::response::Parts;
 use http_body_util::BodyExt;
 use hyper::body::{Frame, Incoming};
 use tokio::sync::oneshot;
 
 use crate::body::{self, Body, BoxError};
+use crate::store::Payload;
 
 /// An upstream response after capture.
 pub enum Captured {
-    /// The whole body, within the limit.
-    Whole(Parts, Bytes),
+    /// The whole body, within the limit, in the pieces it arrived in.
+    Whole(Parts, Payload),
     /// The body passed the limit; `body` replays the captured prefix and streams the rest,
     /// and `end` says how that stream ended.
     TooLarge(Parts, Body, oneshot::Receiver<StreamEnd>),
@@ -60,19 +61,8 @@ pub async fn capture(response: http::Response<Incoming>, limit: usize) -> Result
             return Ok(Captured::TooLarge(parts, body::boxed(body), end));
         }
     }
-    Ok(Captured::Whole(parts, concat(chunks, size)))
-}
-
-/// One buffer from many; no copy when the upstream sent a single chunk.
-fn concat(mut chunks: Vec<Bytes>, size: usize) -> Bytes {
-    if chunks.len() == 1 {
-        return chunks.pop().unwrap_or_default();
-    }
-    let mut out = BytesMut::with_capacity(size);
-    for c in chunks {
-        out.extend_from_slice(&c);
-    }
-    out.freeze()
+    // Not joined: the client's answer and the store's write read the pieces where they are.
+    Ok(Captured::Whole(parts, Payload::from_pieces(chunks)))
 }
 
 /// A body that yields `prefix` first, then whatever `rest` still holds.

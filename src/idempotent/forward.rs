@@ -44,7 +44,7 @@ use crate::policy::UnknownOutcomePolicy;
 use crate::policy::key::IdempotencyKey;
 use crate::policy::scope::Scope;
 use crate::runtime::{IdempotentRoute, Runtime};
-use crate::store::{Final, Held, IndexEntry, IndexKey, Sent, Store, StoredResponse};
+use crate::store::{Final, Held, IndexEntry, IndexKey, Payload, Sent, Store, StoredResponse};
 use crate::telemetry::{ChildSpan, RequestSpan};
 use crate::upstream::{Upstream, UpstreamError};
 
@@ -120,7 +120,7 @@ struct Trail {
 /// How the call to the upstream ended.
 enum Ended {
     /// The whole response, within `max_stored_body`.
-    Whole(response::Parts, Bytes),
+    Whole(response::Parts, Payload),
     /// A response too large to store, streaming to the client.
     Streamed(response::Parts, Body, oneshot::Receiver<StreamEnd>),
     /// The request never reached the upstream.
@@ -201,23 +201,23 @@ impl Exchange {
                 let settled = settle.first_try(&lease, Final::Response(&stored)).await;
                 if let Err(e) = settled {
                     tracing::debug!(route = %route.name, error = %e, "settle failed; answering first, then retrying");
-                    let _ = client.send((Ok(answer::first(parts, body::full(body), false)), report()));
+                    let _ = client.send((Ok(answer::first(parts, body::payload(body), false)), report()));
                     settle.finish(lease, Final::Response(&stored), 1).await;
                     end_span(settle_span.take());
                     return;
                 }
                 let lost = settle.logged("settle", settled);
-                Ok(answer::first(parts, body::full(body), lost))
+                Ok(answer::first(parts, body::payload(body), lost))
             }
             Ended::Whole(parts, body) => {
                 settle.release(lease, Sent::Maybe, ReleaseReason::Status).await;
-                Ok(answer::first(parts, body::full(body), false))
+                Ok(answer::first(parts, body::payload(body), false))
             }
             Ended::Streamed(parts, body, end) if policy.store_statuses.contains(parts.status) => {
                 let head = StoredResponse {
                     status: parts.status,
                     headers: headers::storable(&parts.headers, &policy.stored_headers),
-                    body: Bytes::new(),
+                    body: Payload::default(),
                 };
                 // The client gets the stream now; the key is settled once it has ended.
                 // (Its settle span covers the stream, which the settle waits for.)

@@ -511,7 +511,6 @@ impl Store for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bytes::Bytes;
     use http::{HeaderMap, StatusCode};
 
     fn key(n: u32) -> RecordKey {
@@ -519,7 +518,7 @@ mod tests {
     }
 
     fn response(len: usize) -> StoredResponse {
-        StoredResponse { status: StatusCode::OK, headers: HeaderMap::new(), body: Bytes::from(vec![b'x'; len]) }
+        StoredResponse { status: StatusCode::OK, headers: HeaderMap::new(), body: vec![b'x'; len].into() }
     }
 
     const FP: Fingerprint = Fingerprint::from_bytes([1; 32]);

@@ -33,7 +33,7 @@ use thiserror::Error;
 pub use self::backend::{Backend, CallLabel, Engine};
 pub use self::index::{Cursor, Held, IndexEntry, IndexKey, Page, unix_ms};
 pub use self::memory::MemoryStore;
-pub use self::record::{RecordError, StoredResponse};
+pub use self::record::{Payload, RecordError, StoredResponse};
 pub use self::redis::RedisStore;
 pub use self::waiters::Watch;
 

@@ -23,7 +23,109 @@ pub struct StoredResponse {
     /// Headers, already filtered of anything that must not be replayed.
     pub headers: HeaderMap,
     /// Body, exactly as the upstream sent it.
-    pub body: Bytes,
+    pub body: Payload,
+}
+
+/// A body held in shared buffers: one, as a store returns it, or the pieces an upstream's
+/// answer arrived in. The pieces are never joined: the client's answer and the store's write
+/// both read them where they are, so a captured answer is not copied by the gateway itself.
+#[derive(Clone, Default)]
+pub struct Payload {
+    first: Bytes,
+    /// The pieces after `first`, rarely any for small answers.
+    rest: Vec<Bytes>,
+    len: usize,
+}
+
+impl Payload {
+    /// A body in the pieces it arrived in (empty pieces are left out).
+    pub fn from_pieces(pieces: Vec<Bytes>) -> Self {
+        let mut pieces = pieces.into_iter().filter(|b| !b.is_empty());
+        let first = pieces.next().unwrap_or_default();
+        let rest: Vec<Bytes> = pieces.collect();
+        let len = first.len() + rest.iter().map(Bytes::len).sum::<usize>();
+        Self { first, rest, len }
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Its pieces, in order (none for an empty body).
+    pub fn pieces(&self) -> impl Iterator<Item = &Bytes> {
+        std::iter::once(&self.first).chain(&self.rest).filter(|b| !b.is_empty())
+    }
+
+    /// The body in one buffer: shared when it is one piece, else joined (a copy).
+    pub fn to_bytes(&self) -> Bytes {
+        if self.rest.is_empty() {
+            return self.first.clone();
+        }
+        let mut out = BytesMut::with_capacity(self.len);
+        for piece in self.pieces() {
+            out.extend_from_slice(piece);
+        }
+        out.freeze()
+    }
+}
+
+impl From<Bytes> for Payload {
+    fn from(bytes: Bytes) -> Self {
+        let len = bytes.len();
+        Self { first: bytes, rest: Vec::new(), len }
+    }
+}
+
+impl From<Vec<u8>> for Payload {
+    fn from(bytes: Vec<u8>) -> Self {
+        Bytes::from(bytes).into()
+    }
+}
+
+impl From<&'static [u8]> for Payload {
+    fn from(bytes: &'static [u8]) -> Self {
+        Bytes::from_static(bytes).into()
+    }
+}
+
+impl From<&'static str> for Payload {
+    fn from(text: &'static str) -> Self {
+        Bytes::from_static(text.as_bytes()).into()
+    }
+}
+
+/// Equal when the bytes are, however they are cut into pieces.
+impl PartialEq for Payload {
+    fn eq(&self, other: &Self) -> bool {
+        if self.len != other.len {
+            return false;
+        }
+        let (mut a, mut b) = (self.pieces().flat_map(|p| p.iter()), other.pieces().flat_map(|p| p.iter()));
+        loop {
+            match (a.next(), b.next()) {
+                (None, None) => return true,
+                (x, y) if x != y => return false,
+                _ => {}
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for Payload {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let first: Vec<u8> = self.pieces().flat_map(|p| p.iter().copied()).take(64).collect();
+        f.debug_struct("Payload")
+            .field("len", &self.len)
+            .field("pieces", &(usize::from(!self.first.is_empty()) + self.rest.len()))
+            .field("start", &Bytes::from(first))
+            .finish()
+    }
 }
 
 /// Why stored bytes could not be read back as a response.
@@ -67,10 +169,14 @@ impl StoredResponse {
             out.write_all(&(value.len() as u32).to_be_bytes())?;
             out.write_all(value.as_bytes())?;
         }
-        out.write_all(&self.body)
+        for piece in self.body.pieces() {
+            out.write_all(piece)?;
+        }
+        Ok(())
     }
 
-    fn encoded_len(&self) -> usize {
+    /// The length of [`StoredResponse::encode`]'s bytes, to size a buffer before writing.
+    pub fn encoded_len(&self) -> usize {
         let header_bytes: usize = self.headers.iter().map(|(k, v)| 6 + k.as_str().len() + v.len()).sum();
         5 + header_bytes + self.body.len()
     }
@@ -94,7 +200,7 @@ impl StoredResponse {
                 HeaderValue::from_maybe_shared(r.take(len)?).map_err(|_| RecordError::Invalid("header value"))?;
             headers.try_append(name, value).map_err(|_| RecordError::Invalid("header count"))?;
         }
-        let body = r.bytes.slice(r.pos..);
+        let body = r.bytes.slice(r.pos..).into();
         Ok(Self { status, headers, body })
     }
 
@@ -148,7 +254,7 @@ mod tests {
         headers.append("x-multi", HeaderValue::from_static("a"));
         headers.append("x-multi", HeaderValue::from_static("b"));
         headers.insert("x-bytes", HeaderValue::from_bytes(b"\xffopaque").unwrap());
-        StoredResponse { status: StatusCode::CREATED, headers, body: Bytes::from_static(b"{\"order_id\":1}\x00\xff") }
+        StoredResponse { status: StatusCode::CREATED, headers, body: Bytes::from_static(b"{\"order_id\":1}\x00\xff").into() }
     }
 
     #[test]
@@ -162,12 +268,24 @@ mod tests {
         let r = sample();
         let c = r.compact();
         assert_eq!(c, r);
-        assert_ne!(c.body.as_ptr(), r.body.as_ptr(), "the body was copied");
+        assert_ne!(c.body.to_bytes().as_ptr(), r.body.to_bytes().as_ptr(), "the body was copied");
+    }
+
+    #[test]
+    fn a_body_in_pieces_is_encoded_as_one_and_equals_it() {
+        let pieces = vec![Bytes::from_static(b"{\"order"), Bytes::new(), Bytes::from_static(b"_id\":1}\x00\xff")];
+        let r = StoredResponse { body: Payload::from_pieces(pieces), ..sample() };
+        assert_eq!(r.body.pieces().count(), 2, "empty pieces are left out");
+        assert_eq!(r, sample(), "equal whatever the cut");
+        assert_eq!(r.encode(), sample().encode());
+        assert_eq!(StoredResponse::decode(r.encode()).unwrap(), r);
+        assert_ne!(r.body, Payload::from(&b"{\"order_id\":1}\x00\xfe"[..]));
+        assert_eq!(r.body.to_bytes(), Bytes::from_static(b"{\"order_id\":1}\x00\xff"));
     }
 
     #[test]
     fn empty_response_round_trips() {
-        let r = StoredResponse { status: StatusCode::NO_CONTENT, headers: HeaderMap::new(), body: Bytes::new() };
+        let r = StoredResponse { status: StatusCode::NO_CONTENT, headers: HeaderMap::new(), body: Payload::default() };
         assert_eq!(StoredResponse::decode(r.encode()).unwrap(), r);
     }
 

@@ -234,8 +234,22 @@ impl RedisStore {
 
     /// Calls `script` on `keys` (all in one hash slot); `args` appends its ARGV.
     async fn eval_keys(&self, lua: &Lua, keys: &[&str], args: impl Fn(&mut Cmd) + Sync) -> Result<Value, StoreError> {
+        self.eval_sized(lua, keys, 0, args).await
+    }
+
+    /// [`Self::eval_keys`] with room for `extra` bytes of arguments in the command's buffer
+    /// from the start (a response: grown as it is written, the buffer is copied at every
+    /// doubling).
+    async fn eval_sized(
+        &self,
+        lua: &Lua,
+        keys: &[&str],
+        extra: usize,
+        args: impl Fn(&mut Cmd) + Sync,
+    ) -> Result<Value, StoreError> {
         let call = |verb: &str, script: &str| {
-            let mut cmd = redis::cmd(verb);
+            let mut cmd = Cmd::with_capacity(keys.len() + 8, extra + 128);
+            cmd.arg(verb);
             cmd.arg(script).arg(keys.len());
             for key in keys {
                 cmd.arg(*key);
@@ -275,7 +289,11 @@ impl RedisStore {
         let side = format!("{}:aside:{{{}}}", self.prefix, lease.key.as_str());
         let pipe = |verb: &str, script: &str| {
             let mut pipe = redis::pipe();
-            pipe.cmd("SET").arg(&side).arg(Aside(response)).arg("PX").arg(ms(lease.ttl.max(lease.duration))).ignore();
+            // Sized for the response up front: grown as it is written, the command's buffer
+            // would be copied on every doubling (a whole body's copy more for 64 KiB).
+            let mut set = Cmd::with_capacity(5, side.len() + layout::HEADER + response.encoded_len() + 32);
+            set.arg("SET").arg(&side).arg(Aside(response)).arg("PX").arg(ms(lease.ttl.max(lease.duration)));
+            pipe.add_command(set).ignore();
             pipe.cmd(verb).arg(script).arg(2).arg(lease.key.as_str()).arg(&side);
             pipe.arg(&lease.owner.as_bytes()[..]).arg(state).arg("").arg(ms(retention)).arg(&self.channel);
             pipe
@@ -294,8 +312,9 @@ impl RedisStore {
         response: Option<&StoredResponse>,
         retention: Duration,
     ) -> Result<Settled, StoreError> {
+        let extra = response.map_or(0, StoredResponse::encoded_len);
         let reply = self
-            .eval(&self.scripts.settle, lease.key.as_str(), |cmd| {
+            .eval_sized(&self.scripts.settle, &[lease.key.as_str()], extra, |cmd| {
                 cmd.arg(&lease.owner.as_bytes()[..]).arg(state);
                 match response {
                     Some(r) => cmd.arg(Encoded(r)),
