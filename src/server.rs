@@ -326,10 +326,11 @@ where
             // The shutdown takes effect when the connection is polled again.
             cx.waker().wake_by_ref();
         }
-        // Once polled, the timer wakes the task when it fires: until its time it need not be
-        // polled again (a clock read is cheaper than a timer poll).
+        // Once polled, the timer wakes the task when it fires: until it has, it need not be
+        // polled again (an atomic load, where a poll or a clock read costs more, at every
+        // wake of the task).
         loop {
-            if armed && Instant::now() < timer.deadline() {
+            if armed && !timer.is_elapsed() {
                 break;
             }
             if timer.as_mut().poll(cx).is_pending() {

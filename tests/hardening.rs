@@ -111,6 +111,28 @@ async fn a_slowloris_head_is_cut_off_at_the_header_timeout() {
     assert_eq!(upstream.executions(), 0);
 }
 
+/// The connection's one timer is not reset per request, so a head that begins after an idle
+/// spell must still be held to the header timeout from its first byte, not to the idle
+/// deadline (60 s here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_that_begins_after_an_idle_spell_is_cut_off_at_the_header_timeout() {
+    let upstream = TestUpstream::start().await;
+    let gw = start(upstream.addr, "idle_timeout = \"60s\"\nheader_read_timeout = \"1s\"", "");
+    let mut stream = TcpStream::connect(gw.addr).await.unwrap();
+    stream.write_all(b"GET /a HTTP/1.1\r\nhost: x\r\n\r\n").await.unwrap();
+    let mut buf = [0u8; 4096];
+    let n = stream.read(&mut buf).await.unwrap();
+    assert_eq!(status_of(&buf[..n]), 201);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stream.write_all(b"GET /b HTTP/1.1\r\nhost: x\r\n").await.unwrap();
+    let started = Instant::now();
+    let (_, closed) = read_until_closed(&mut stream, Duration::from_secs(5)).await;
+    assert!(closed, "a head left unfinished after an idle spell was never cut off");
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(900) && took < Duration::from_millis(2500), "cut off after {took:?}");
+    assert_eq!(upstream.executions(), 1, "only the first request reached the upstream");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_keep_alive_connection_is_closed_after_the_idle_timeout() {
     let upstream = TestUpstream::start().await;
