@@ -177,7 +177,12 @@ fn timestamp(out: &mut Vec<u8>, now: SystemTime) {
             let rest = secs % 86_400;
             let _ = std::io::Write::write_fmt(
                 &mut text,
-                format_args!("{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.", rest / 3600, rest / 60 % 60, rest % 60),
+                format_args!(
+                    "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.",
+                    rest / 3600,
+                    rest / 60 % 60,
+                    rest % 60
+                ),
             );
             if let Ok(prefix) = <[u8; 20]>::try_from(text.as_slice()) {
                 *cached = (secs, prefix);
@@ -247,7 +252,7 @@ fn millis_text(out: &mut Vec<u8>, micros: u64) {
         buf[i] = b'0';
     } else {
         let mut width = 3;
-        while frac % 10 == 0 {
+        while frac.is_multiple_of(10) {
             frac /= 10;
             width -= 1;
         }
@@ -320,7 +325,10 @@ mod tests {
         };
         let builder = tracing_subscriber::fmt().with_writer(writer).with_ansi(false);
         if json {
-            tracing::subscriber::with_default(builder.json().flatten_event(true).with_current_span(false).finish(), emit);
+            tracing::subscriber::with_default(
+                builder.json().flatten_event(true).with_current_span(false).finish(),
+                emit,
+            );
         } else {
             tracing::subscriber::with_default(builder.finish(), emit);
         }

@@ -135,11 +135,8 @@ pub fn stderr() -> std::io::Result<LogWriter> {
 
 /// Starts a writer thread over `out`.
 fn start<W: Write + Send + 'static>(out: W) -> std::io::Result<LogWriter> {
-    let shared = Arc::new(Shared {
-        pending: Mutex::new(Pending::default()),
-        wake: Condvar::new(),
-        thread: Mutex::new(None),
-    });
+    let shared =
+        Arc::new(Shared { pending: Mutex::new(Pending::default()), wake: Condvar::new(), thread: Mutex::new(None) });
     let thread = {
         let shared = Arc::clone(&shared);
         std::thread::Builder::new().name("idemgate-log".into()).spawn(move || write_out(&shared, out))?

@@ -289,8 +289,12 @@ async fn first_byte(stream: &TcpStream, connection: &Connection) -> bool {
 
 /// Serves one connection until it ends, its deadline passes (see [`Connection`]), it asks to
 /// close, or the server drains.
-async fn serve_connection<IO>(stream: IO, connection: Arc<Connection>, live: Arc<Live>, builder: Arc<auto::Builder<TokioExecutor>>)
-where
+async fn serve_connection<IO>(
+    stream: IO,
+    connection: Arc<Connection>,
+    live: Arc<Live>,
+    builder: Arc<auto::Builder<TokioExecutor>>,
+) where
     IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
     let c = Arc::clone(&connection);

@@ -594,8 +594,16 @@ fn responses() -> [StoredResponse; RESPONSES] {
             headers: json,
             body: Bytes::from_static(b"{\"order_id\":7}\x00\xff\r\n").into(),
         },
-        StoredResponse { status: StatusCode::OK, headers: opaque, body: Bytes::from((0..=255u8).collect::<Vec<_>>()).into() },
-        StoredResponse { status: StatusCode::INTERNAL_SERVER_ERROR, headers: HeaderMap::new(), body: Bytes::new().into() },
+        StoredResponse {
+            status: StatusCode::OK,
+            headers: opaque,
+            body: Bytes::from((0..=255u8).collect::<Vec<_>>()).into(),
+        },
+        StoredResponse {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            headers: HeaderMap::new(),
+            body: Bytes::new().into(),
+        },
     ]
 }
 

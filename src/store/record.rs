@@ -254,7 +254,11 @@ mod tests {
         headers.append("x-multi", HeaderValue::from_static("a"));
         headers.append("x-multi", HeaderValue::from_static("b"));
         headers.insert("x-bytes", HeaderValue::from_bytes(b"\xffopaque").unwrap());
-        StoredResponse { status: StatusCode::CREATED, headers, body: Bytes::from_static(b"{\"order_id\":1}\x00\xff").into() }
+        StoredResponse {
+            status: StatusCode::CREATED,
+            headers,
+            body: Bytes::from_static(b"{\"order_id\":1}\x00\xff").into(),
+        }
     }
 
     #[test]
