@@ -92,71 +92,83 @@ fn format_line(
     trace: &Trace,
 ) {
     let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
-    match format {
-        AccessFormat::Json => {
-            out.extend_from_slice(b"{\"timestamp\":\"");
-            timestamp(out, now);
-            out.extend_from_slice(b"\",\"level\":\"INFO\",\"message\":\"request\",\"route\":");
-            json_str(out, route);
-            out.extend_from_slice(b",\"method\":");
-            json_str(out, method.as_str());
-            // Outcome labels are plain words: nothing to escape.
-            out.extend_from_slice(b",\"outcome\":\"");
-            out.extend_from_slice(outcome.as_str().as_bytes());
-            out.push(b'"');
-            out.extend_from_slice(b",\"status\":");
-            number(out, u64::from(status.as_u16()));
-            if let Some(attempt) = trace.attempt {
-                out.extend_from_slice(b",\"attempt\":");
-                number(out, u64::from(attempt));
-            }
-            out.extend_from_slice(b",\"total_ms\":");
-            millis_text(out, micros(total));
-            if let Some(upstream) = trace.upstream {
-                out.extend_from_slice(b",\"upstream_ms\":");
-                millis_text(out, micros(upstream));
-            }
-            out.extend_from_slice(b",\"store_ms\":");
-            millis_text(out, micros(trace.store));
-            out.extend_from_slice(b",\"wait_ms\":");
-            millis_text(out, micros(trace.wait));
-            if let Some(record) = &trace.record {
-                out.extend_from_slice(b",\"record\":");
-                json_str(out, record);
-            }
-            out.extend_from_slice(b",\"target\":\"idemgate::access\"}\n");
+    let json = format == AccessFormat::Json;
+    if json {
+        out.extend_from_slice(b"{\"timestamp\":\"");
+        timestamp(out, now);
+        out.extend_from_slice(b"\",\"level\":\"INFO\",\"message\":\"request\"");
+    } else {
+        timestamp(out, now);
+        out.extend_from_slice(b"  INFO idemgate::access: request");
+    }
+    let mut line = Fields { out, json };
+    line.quoted("route", route);
+    line.displayed("method", method.as_str());
+    line.word("outcome", outcome.as_str());
+    line.number("status", u64::from(status.as_u16()));
+    if let Some(attempt) = trace.attempt {
+        line.number("attempt", u64::from(attempt));
+    }
+    line.millis("total_ms", micros(total));
+    if let Some(upstream) = trace.upstream {
+        line.millis("upstream_ms", micros(upstream));
+    }
+    line.millis("store_ms", micros(trace.store));
+    line.millis("wait_ms", micros(trace.wait));
+    if let Some(record) = &trace.record {
+        line.quoted("record", record);
+    }
+    out.extend_from_slice(if json { b",\"target\":\"idemgate::access\"}\n" } else { b"\n" });
+}
+
+/// The fields of a line, written as the subscriber writes them in each format: `,"key":value`
+/// in JSON, ` key=value` in text.
+struct Fields<'a> {
+    out: &'a mut Vec<u8>,
+    json: bool,
+}
+
+impl Fields<'_> {
+    fn key(&mut self, key: &str) {
+        if self.json {
+            self.out.extend_from_slice(b",\"");
+            self.out.extend_from_slice(key.as_bytes());
+            self.out.extend_from_slice(b"\":");
+        } else {
+            self.out.push(b' ');
+            self.out.extend_from_slice(key.as_bytes());
+            self.out.push(b'=');
         }
-        AccessFormat::Text => {
-            timestamp(out, now);
-            out.extend_from_slice(b"  INFO idemgate::access: request route=");
-            debug_str(out, route);
-            out.extend_from_slice(b" method=");
-            out.extend_from_slice(method.as_str().as_bytes());
-            out.extend_from_slice(b" outcome=\"");
-            out.extend_from_slice(outcome.as_str().as_bytes());
-            out.push(b'"');
-            out.extend_from_slice(b" status=");
-            number(out, u64::from(status.as_u16()));
-            if let Some(attempt) = trace.attempt {
-                out.extend_from_slice(b" attempt=");
-                number(out, u64::from(attempt));
-            }
-            out.extend_from_slice(b" total_ms=");
-            millis_text(out, micros(total));
-            if let Some(upstream) = trace.upstream {
-                out.extend_from_slice(b" upstream_ms=");
-                millis_text(out, micros(upstream));
-            }
-            out.extend_from_slice(b" store_ms=");
-            millis_text(out, micros(trace.store));
-            out.extend_from_slice(b" wait_ms=");
-            millis_text(out, micros(trace.wait));
-            if let Some(record) = &trace.record {
-                out.extend_from_slice(b" record=");
-                debug_str(out, record);
-            }
-            out.push(b'\n');
-        }
+    }
+
+    /// A string field (`fmt::Debug` in text, a JSON string in JSON).
+    fn quoted(&mut self, key: &str, value: &str) {
+        self.key(key);
+        if self.json { json_str(self.out, value) } else { debug_str(self.out, value) }
+    }
+
+    /// A field recorded with `%` (`fmt::Display`: bare in text, a JSON string in JSON).
+    fn displayed(&mut self, key: &str, value: &str) {
+        self.key(key);
+        if self.json { json_str(self.out, value) } else { self.out.extend_from_slice(value.as_bytes()) }
+    }
+
+    /// A string field known to need no escaping (an outcome label).
+    fn word(&mut self, key: &str, value: &str) {
+        self.key(key);
+        self.out.push(b'"');
+        self.out.extend_from_slice(value.as_bytes());
+        self.out.push(b'"');
+    }
+
+    fn number(&mut self, key: &str, value: u64) {
+        self.key(key);
+        number(self.out, value);
+    }
+
+    fn millis(&mut self, key: &str, micros: u64) {
+        self.key(key);
+        millis_text(self.out, micros);
     }
 }
 
