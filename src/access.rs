@@ -101,7 +101,25 @@ fn format_line(
         timestamp(out, now);
         out.extend_from_slice(b"  INFO idemgate::access: request");
     }
-    let mut line = Fields { out, json };
+    // One sequence of fields, compiled once per format (the format is a constant in each).
+    if json {
+        fields(&mut Fields::<true> { out }, route, method, outcome, status, trace, micros(total));
+    } else {
+        fields(&mut Fields::<false> { out }, route, method, outcome, status, trace, micros(total));
+    }
+    out.extend_from_slice(if json { b",\"target\":\"idemgate::access\"}\n" } else { b"\n" });
+}
+
+fn fields<const JSON: bool>(
+    line: &mut Fields<'_, JSON>,
+    route: &str,
+    method: &Method,
+    outcome: Outcome,
+    status: StatusCode,
+    trace: &Trace,
+    total_micros: u64,
+) {
+    let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
     line.quoted("route", route);
     line.displayed("method", method.as_str());
     line.word("outcome", outcome.as_str());
@@ -109,7 +127,7 @@ fn format_line(
     if let Some(attempt) = trace.attempt {
         line.number("attempt", u64::from(attempt));
     }
-    line.millis("total_ms", micros(total));
+    line.millis("total_ms", total_micros);
     if let Some(upstream) = trace.upstream {
         line.millis("upstream_ms", micros(upstream));
     }
@@ -118,19 +136,17 @@ fn format_line(
     if let Some(record) = &trace.record {
         line.quoted("record", record);
     }
-    out.extend_from_slice(if json { b",\"target\":\"idemgate::access\"}\n" } else { b"\n" });
 }
 
 /// The fields of a line, written as the subscriber writes them in each format: `,"key":value`
 /// in JSON, ` key=value` in text.
-struct Fields<'a> {
+struct Fields<'a, const JSON: bool> {
     out: &'a mut Vec<u8>,
-    json: bool,
 }
 
-impl Fields<'_> {
+impl<const JSON: bool> Fields<'_, JSON> {
     fn key(&mut self, key: &str) {
-        if self.json {
+        if JSON {
             self.out.extend_from_slice(b",\"");
             self.out.extend_from_slice(key.as_bytes());
             self.out.extend_from_slice(b"\":");
@@ -144,13 +160,13 @@ impl Fields<'_> {
     /// A string field (`fmt::Debug` in text, a JSON string in JSON).
     fn quoted(&mut self, key: &str, value: &str) {
         self.key(key);
-        if self.json { json_str(self.out, value) } else { debug_str(self.out, value) }
+        if JSON { json_str(self.out, value) } else { debug_str(self.out, value) }
     }
 
     /// A field recorded with `%` (`fmt::Display`: bare in text, a JSON string in JSON).
     fn displayed(&mut self, key: &str, value: &str) {
         self.key(key);
-        if self.json { json_str(self.out, value) } else { self.out.extend_from_slice(value.as_bytes()) }
+        if JSON { json_str(self.out, value) } else { self.out.extend_from_slice(value.as_bytes()) }
     }
 
     /// A string field known to need no escaping (an outcome label).
