@@ -270,38 +270,19 @@ fn digits(out: &mut Vec<u8>, mut n: u64, width: usize) {
 /// Microseconds as the milliseconds that [`millis`] gives print, in `Debug` and in JSON:
 /// `96.655`, `10.86`, `0.7`, `2000.0` (checked against both by a test).
 fn millis_text(out: &mut Vec<u8>, micros: u64) {
-    // Written from the right into a buffer on the stack: `u64::MAX` µs has 17 digits before
-    // the point.
-    let mut buf = [0u8; 24];
-    let mut i = buf.len();
+    number(out, micros / 1000);
+    out.push(b'.');
     let mut frac = micros % 1000;
     if frac == 0 {
-        i -= 1;
-        buf[i] = b'0';
-    } else {
-        let mut width = 3;
-        while frac.is_multiple_of(10) {
-            frac /= 10;
-            width -= 1;
-        }
-        for _ in 0..width {
-            i -= 1;
-            buf[i] = b'0' + (frac % 10) as u8;
-            frac /= 10;
-        }
+        out.push(b'0');
+        return;
     }
-    i -= 1;
-    buf[i] = b'.';
-    let mut whole = micros / 1000;
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (whole % 10) as u8;
-        whole /= 10;
-        if whole == 0 {
-            break;
-        }
+    let mut width = 3;
+    while frac.is_multiple_of(10) {
+        frac /= 10;
+        width -= 1;
     }
-    out.extend_from_slice(&buf[i..]);
+    digits(out, frac, width);
 }
 
 /// A string as `fmt::Debug` writes it (quoted, escaped), as the text format records it.

@@ -100,27 +100,28 @@ pub enum AccessFormat {
     Text,
 }
 
-/// The process's writer and the format of its access lines, once the binary has asked for it.
-static ACCESS: OnceLock<(Arc<Shared>, AccessFormat)> = OnceLock::new();
+/// The format of the access lines, once the binary has asked for them to be formatted here.
+static ACCESS: OnceLock<AccessFormat> = OnceLock::new();
 
 /// Lets `access::log` format access lines itself, straight into the process's buffer (see
 /// [`stderr`]), in the same shape as the subscriber would: the subscriber's generic
 /// formatting cost more than the rest of a pass-through request. The subscriber's filter
-/// still decides whether a line is written at all.
+/// still decides whether a line is written at all. Without the process's writer, nothing
+/// changes.
 pub fn format_access_lines_here(format: AccessFormat) {
-    if let Some(shared) = PROCESS.get() {
-        let _ = ACCESS.set((Arc::clone(shared), format));
+    if PROCESS.get().is_some() {
+        let _ = ACCESS.set(format);
     }
 }
 
 /// Where `access::log` writes a line it formatted itself, if the binary asked for that.
 pub(crate) fn access_format() -> Option<AccessFormat> {
-    ACCESS.get().map(|(_, format)| *format)
+    ACCESS.get().copied()
 }
 
 /// Appends one access line (a whole line, newline included) to the process's buffer.
 pub(crate) fn write_access_line(line: &[u8]) {
-    if let Some((shared, _)) = ACCESS.get() {
+    if let Some(shared) = PROCESS.get() {
         let _ = Line { shared, urgent: false }.write(line);
     }
 }
