@@ -105,7 +105,7 @@ async fn twenty_reloads_under_load_fail_no_request() {
         total += n;
     }
     assert!(total > 100, "the load ran ({total} requests)");
-    assert!(gw.log_lines().iter().filter(|l| l.contains("configuration reloaded")).count() >= 20);
+    assert!(gw.lines_with("configuration reloaded", 20).len() >= 20);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -141,8 +141,7 @@ async fn the_reload_log_line_names_what_needs_a_restart_in_either_format() {
     for format in ["json", "pretty"] {
         let gw = GatewayProc::start_with(&config(upstream.addr, &[1], "127.0.0.1:0"), &["--log-format", format]);
         let admin = Client::new(gw.admin);
-        let reloaded =
-            || gw.log_lines().into_iter().filter(|l| l.contains("configuration reloaded")).collect::<Vec<_>>();
+        let reloaded = || gw.lines_with("configuration reloaded", 2);
 
         assert_eq!(admin.send(Method::POST, "/reload", &[TOKEN], "").await.status, 200);
         std::fs::write(gw.config_path(), config(upstream.addr, &[1], "127.0.0.1:1")).unwrap();

@@ -83,6 +83,20 @@ impl GatewayProc {
         self.log.lock().unwrap().clone()
     }
 
+    /// The log lines containing `needle`, once there are at least `at_least` of them (or
+    /// after 5 s, with what there is): lines reach stderr through the gateway's log writer
+    /// thread, a moment after what they report.
+    pub fn lines_with(&self, needle: &str, at_least: usize) -> Vec<String> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        loop {
+            let lines: Vec<String> = self.log_lines().into_iter().filter(|l| l.contains(needle)).collect();
+            if lines.len() >= at_least || std::time::Instant::now() > deadline {
+                return lines;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
     pub fn client(&self) -> Client {
         Client::new(self.addr)
     }
