@@ -136,8 +136,10 @@ pub fn apply(headers: &mut HeaderMap, peer: &Peer, host: Option<&HeaderValue>) {
     let proto = peer.proto;
     let untrusted = !peer.trusted;
     crate::headers::strip(headers, |name| untrusted && is_client_claim(name));
-    let chained = headers
-        .get(&X_FORWARDED_FOR)
+    // From anyone but a trusted proxy the client's own entries are gone: nothing to chain.
+    let chained = (!untrusted)
+        .then(|| headers.get(&X_FORWARDED_FOR))
+        .flatten()
         .and_then(|v| v.to_str().ok())
         .filter(|prior| !prior.trim().is_empty())
         .and_then(|prior| HeaderValue::from_str(&format!("{prior}, {}", peer.ip)).ok());
@@ -154,7 +156,8 @@ pub fn apply(headers: &mut HeaderMap, peer: &Peer, host: Option<&HeaderValue>) {
         element.push_str(";host=");
         element.push_str(host);
     }
-    let forwarded = match headers.get(header::FORWARDED).and_then(|v| v.to_str().ok()) {
+    let prior = (!untrusted).then(|| headers.get(header::FORWARDED)).flatten();
+    let forwarded = match prior.and_then(|v| v.to_str().ok()) {
         Some(prior) if !prior.trim().is_empty() => format!("{prior}, {element}"),
         _ => element,
     };

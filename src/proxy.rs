@@ -47,8 +47,9 @@ pub async fn pass_through(
         }
     }
     let class = forwarded.as_ref().map_or("error", |r| status_class(r.status()));
-    trace.upstream = Some(sent.elapsed());
-    route.metrics.upstream_latency(class, sent.elapsed());
+    let took = sent.elapsed();
+    trace.upstream = Some(took);
+    route.metrics.upstream_latency(class, took);
     forwarded
 }
 

@@ -11,6 +11,7 @@ use idemgate::policy::fingerprint::Fingerprint;
 use idemgate::store::{Claim, EntryState, OwnerToken, RecordKey, Store};
 use support::client::{Client, DEFAULT_AUTH, Reply};
 use support::gateway::{StoreKind, TestGateway, config};
+use support::gateway_proc::Toml;
 use support::redis::RedisServer;
 use support::upstream::{Behavior, TestUpstream};
 use tokio::io::AsyncWriteExt;
@@ -724,6 +725,37 @@ on_both_backends!(
     unknown_routes_are_404_problems,
     admin_reports_health_readiness_metrics_and_keys,
 );
+
+// ---- store-independent -----------------------------------------------------------------
+
+/// Every cleartext upstream's pooled client keys its connections by the same one-letter
+/// authority (a cheaper hash than the real one): the connections must still be each
+/// upstream's own, and each upstream must see its own address as `Host`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_cleartext_upstreams_keep_their_own_connections_and_host() {
+    let app = TestUpstream::start().await;
+    let other = TestUpstream::start().await;
+    let routes = format!(
+        "\n[[routes]]\nname = \"other\"\npath = \"/other/{{*rest}}\"\nupstream = \"other\"\n\n\
+         [upstreams.other]\nurl = \"http://{}\"\n",
+        other.addr
+    );
+    let toml = Toml { routes, ..Toml::new(app.addr) }.render();
+    let gw = TestGateway::start(&toml).await;
+    let client = gw.client();
+    for i in 0..6 {
+        let (path, expected) = if i % 2 == 0 { ("/app/x", "app") } else { ("/other/x", "other") };
+        let r = client.send(Method::PUT, path, &[], expected).await;
+        assert_eq!(r.status, 201, "{path}");
+    }
+    let (at_app, at_other) = (app.seen(), other.seen());
+    assert_eq!((at_app.len(), at_other.len()), (3, 3));
+    assert!(at_app.iter().all(|s| s.path == "/app/x" && s.body == b"app".as_slice()));
+    assert!(at_other.iter().all(|s| s.path == "/other/x" && s.body == b"other".as_slice()));
+    assert!(at_app.iter().all(|s| s.headers["host"] == app.addr.to_string().as_str()));
+    assert!(at_other.iter().all(|s| s.headers["host"] == other.addr.to_string().as_str()));
+    drop(gw);
+}
 
 // ---- Redis only ------------------------------------------------------------------------
 
