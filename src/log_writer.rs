@@ -24,6 +24,10 @@ use tracing_subscriber::fmt::MakeWriter;
 
 /// Bytes that wake the writer thread before its timer.
 pub const BATCH: usize = 64 * 1024;
+/// The room each of the two buffers keeps: a batch, and what arrives while the writer thread
+/// wakes up. Filling a buffer sized for one batch grew it (a copy of the whole batch, and at
+/// 128 KiB a fresh mapping) once per batch, and the writer then shrank it back.
+const ROOM: usize = 2 * BATCH;
 /// The most time a line waits in the buffer.
 pub const FLUSH_EVERY: Duration = Duration::from_secs(1);
 /// Bytes that may wait; lines past it are dropped.
@@ -136,8 +140,8 @@ pub fn stderr() -> std::io::Result<LogWriter> {
 
 /// Starts a writer thread over `out`.
 fn start<W: Write + Send + 'static>(out: W) -> std::io::Result<LogWriter> {
-    let shared =
-        Arc::new(Shared { pending: Mutex::new(Pending::default()), wake: Condvar::new(), thread: Mutex::new(None) });
+    let pending = Pending { bytes: Vec::with_capacity(ROOM), ..Pending::default() };
+    let shared = Arc::new(Shared { pending: Mutex::new(pending), wake: Condvar::new(), thread: Mutex::new(None) });
     let thread = {
         let shared = Arc::clone(&shared);
         std::thread::Builder::new().name("idemgate-log".into()).spawn(move || write_out(&shared, out))?
@@ -149,7 +153,7 @@ fn start<W: Write + Send + 'static>(out: W) -> std::io::Result<LogWriter> {
 /// The writer thread: waits for a batch, an urgent line, the timer or the end, then writes
 /// what waits without holding the lock.
 fn write_out<W: Write>(shared: &Shared, mut out: W) {
-    let mut spare = Vec::with_capacity(BATCH);
+    let mut spare = Vec::with_capacity(ROOM);
     loop {
         let mut pending = shared.lock();
         if !pending.closed && !pending.urgent && pending.bytes.len() < BATCH {
@@ -168,9 +172,9 @@ fn write_out<W: Write>(shared: &Shared, mut out: W) {
             let _ = writeln!(out, "idemgate: {dropped} log lines dropped: stderr was not read fast enough");
         }
         let _ = out.flush();
-        // Keep one batch's worth of capacity, not the peak of a burst.
+        // Keep the room of one batch and its margin, not the peak of a burst.
         spare.clear();
-        spare.shrink_to(BATCH);
+        spare.shrink_to(ROOM);
         if closed {
             return;
         }
