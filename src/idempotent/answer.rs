@@ -84,7 +84,7 @@ pub fn first(mut parts: response::Parts, body: Body, lease_lost: bool) -> Respon
 fn now() -> HeaderValue {
     thread_local! {
         static DATE: RefCell<(u64, HeaderValue)> =
-            RefCell::new((u64::MAX, HeaderValue::from_static("Thu, 01 Jan 1970 00:00:00 GMT")));
+            const { RefCell::new((u64::MAX, HeaderValue::from_static("Thu, 01 Jan 1970 00:00:00 GMT"))) };
     }
     let now = SystemTime::now();
     let second = now.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs());
