@@ -5,10 +5,6 @@
 //! touches the upstream. A first answer goes out as the upstream gave it, in the client's
 //! protocol version, marked when its claim was taken over while it ran.
 
-use std::cell::RefCell;
-use std::time::SystemTime;
-
-use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Response, header, response};
 
 use crate::body::{self, Body};
@@ -29,7 +25,9 @@ pub const STATUS_HEADER: &str = "idempotency-status";
 pub fn replay(stored: StoredResponse, replay_header: &HeaderName) -> Response<Body> {
     let StoredResponse { status, mut headers, body } = stored;
     headers.insert(replay_header.clone(), HeaderValue::from_static("true"));
-    headers.insert(header::DATE, now());
+    // A replay is dated when it is sent, not when the first answer was (RFC 9110 §6.6.1):
+    // without a `Date`, hyper dates it, from the clock it reads for every answer anyway.
+    headers.remove(header::DATE);
     let mut response = Response::new(body::payload(body));
     *response.status_mut() = status;
     *response.headers_mut() = headers;
@@ -61,7 +59,8 @@ pub fn not_stored(
         }
     }
     response.headers_mut().insert(replay_header.clone(), HeaderValue::from_static("true"));
-    response.headers_mut().insert(header::DATE, now());
+    // Dated by hyper when it is sent, as a replay is.
+    response.headers_mut().remove(header::DATE);
     response
 }
 
@@ -76,50 +75,23 @@ pub fn first(mut parts: response::Parts, body: Body, lease_lost: bool) -> Respon
     Response::from_parts(parts, body)
 }
 
-/// `Date` for a replay: when it is sent, not when the first answer was (RFC 9110 §6.6.1).
-///
-/// Formatted once a second per thread, as hyper does for the answers it dates itself: an
-/// HTTP date counts whole seconds, and formatting one cost each replay 1.2k instructions
-/// (callgrind), a seventieth of the replay. A clone shares the formatted bytes.
-fn now() -> HeaderValue {
-    thread_local! {
-        static DATE: RefCell<(u64, HeaderValue)> =
-            const { RefCell::new((u64::MAX, HeaderValue::from_static("Thu, 01 Jan 1970 00:00:00 GMT"))) };
-    }
-    let now = SystemTime::now();
-    let second = now.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    DATE.with(|cached| {
-        let mut cached = cached.borrow_mut();
-        if cached.0 != second {
-            // An HTTP date is ASCII: the value always parses.
-            if let Ok(value) = HeaderValue::from_maybe_shared(Bytes::from(httpdate::fmt_http_date(now))) {
-                *cached = (second, value);
-            }
-        }
-        cached.1.clone()
-    })
-}
-
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
+    use http::{HeaderMap, StatusCode};
 
     use super::*;
 
-    fn parsed(value: &HeaderValue) -> SystemTime {
-        httpdate::parse_http_date(value.to_str().unwrap()).unwrap()
-    }
-
+    /// The stored `Date` is the first answer's: a replay leaves it out, for the server to
+    /// date the replay when it is sent (the gateway test checks the date a client gets).
     #[test]
-    fn a_replays_date_is_the_current_second_though_formatted_once_a_second() {
-        let first = parsed(&now());
-        let lag = |t: SystemTime| SystemTime::now().duration_since(t).unwrap_or_default();
-        assert!(lag(first) < Duration::from_secs(2), "the cached date is the clock's");
-        let again = parsed(&now());
-        assert!(again == first || again == first + Duration::from_secs(1), "within the second, the same value");
-        std::thread::sleep(Duration::from_millis(1100));
-        let later = parsed(&now());
-        assert!(later > first, "the next second is formatted anew");
-        assert!(lag(later) < Duration::from_secs(2));
+    fn a_replay_carries_no_stored_date() {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::DATE, HeaderValue::from_static("Thu, 01 Jan 2026 00:00:00 GMT"));
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        let stored = StoredResponse { status: StatusCode::CREATED, headers, body: "{}".into() };
+        let replayed = replay(stored, &HeaderName::from_static("idempotent-replay"));
+        assert_eq!(replayed.headers().get(header::DATE), None);
+        assert_eq!(replayed.headers()["content-type"], "application/json");
+        assert_eq!(replayed.headers()["idempotent-replay"], "true");
     }
 }
