@@ -70,7 +70,7 @@ impl RecordKey {
         // The name ends in `:` and the hash's 64 hex digits (any other name: its last part).
         let name = self.0.as_bytes();
         let hash = match name.len().checked_sub(HASH_HEX + 1) {
-            Some(colon) if name[colon] == b':' => &self.0[colon + 1..],
+            Some(colon) if name[colon] == b':' && !name[colon + 1..].contains(&b':') => &self.0[colon + 1..],
             _ => self.0.rsplit(':').next().unwrap_or(&self.0),
         };
         &hash[..hash.len().min(12)]
@@ -552,5 +552,7 @@ mod names {
     fn the_short_form_of_any_name_is_its_last_part() {
         assert_eq!(RecordKey("idem:s:0123456789abcdef".into()).short(), "0123456789ab");
         assert_eq!(RecordKey("plain".into()).short(), "plain");
+        let tail = format!("{}:{}", "a".repeat(40), "b".repeat(23));
+        assert_eq!(RecordKey(format!("p:{tail}")).short(), "bbbbbbbbbbbb", "the part after the last ':'");
     }
 }
