@@ -110,8 +110,10 @@ const POOL_KEY: Authority = Authority::from_static("u");
 pub struct Upstream {
     name: String,
     scheme: Scheme,
-    /// What the request's URI carries: the real authority over TLS, [`POOL_KEY`] in cleartext.
+    /// The upstream's address, as configured.
     authority: Authority,
+    /// What the request's URI carries: the real authority over TLS, [`POOL_KEY`] in cleartext.
+    key: Authority,
     /// The `Host` header of a cleartext upstream (`host`, or `host:port` for a port other
     /// than 80), as the pooled client would have derived it; `None` over TLS, where the
     /// client sets it for HTTP/1 and HTTP/2 carries `:authority` instead.
@@ -149,8 +151,8 @@ impl Upstream {
             .enable_http1()
             .enable_http2()
             .wrap_connector(http);
-        let (dial, authority, host) = if scheme == Scheme::HTTPS {
-            (Dial { connector, address: None }, authority, None)
+        let (dial, key, host) = if scheme == Scheme::HTTPS {
+            (Dial { connector, address: None }, authority.clone(), None)
         } else {
             let address =
                 Uri::builder().scheme(scheme.clone()).authority(authority.clone()).path_and_query("/").build();
@@ -159,11 +161,11 @@ impl Upstream {
                 (Ok(address), Ok(host)) => (Dial { connector, address: Some(address) }, POOL_KEY, Some(host)),
                 // Both come from a parsed URL's authority, so neither fails; if one did, the
                 // real authority in the URI still works, only without the cheaper key.
-                _ => (Dial { connector, address: None }, authority, None),
+                _ => (Dial { connector, address: None }, authority.clone(), None),
             }
         };
         let client = Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(60)).build(dial);
-        Ok(Self { name: config.name.clone(), scheme, authority, host, base_path, timeout: config.timeout, client })
+        Ok(Self { name: config.name.clone(), scheme, authority, key, host, base_path, timeout: config.timeout, client })
     }
 
     /// The deadline of one exchange.
@@ -201,7 +203,7 @@ impl Upstream {
         };
         let mut parts = http::uri::Parts::default();
         parts.scheme = Some(self.scheme.clone());
-        parts.authority = Some(self.authority.clone());
+        parts.authority = Some(self.key.clone());
         parts.path_and_query = path_and_query;
         Uri::from_parts(parts).unwrap_or_else(|_| original.clone())
     }
