@@ -67,18 +67,10 @@ impl RecordKey {
 
     /// A short form for logs: enough to correlate, too little to be a key name.
     pub fn short(&self) -> &str {
-        // The name ends in `:` and the hash's 64 hex digits (any other name: its last part).
-        let name = self.0.as_bytes();
-        let hash = match name.len().checked_sub(HASH_HEX + 1) {
-            Some(colon) if name[colon] == b':' && !name[colon + 1..].contains(&b':') => &self.0[colon + 1..],
-            _ => self.0.rsplit(':').next().unwrap_or(&self.0),
-        };
+        let hash = self.0.rsplit(':').next().unwrap_or(&self.0);
         &hash[..hash.len().min(12)]
     }
 }
-
-/// Hex digits of a SHA-256.
-const HASH_HEX: usize = 64;
 
 /// `{prefix}{kind}{hash in hex}`, in one allocation of the right size. (`format!` over
 /// `hex::encode` took 3.4k instructions per request: a `char` iterator, then formatting.)
