@@ -91,23 +91,19 @@ fn format_line(
     total: Duration,
     trace: &Trace,
 ) {
-    let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
-    let json = format == AccessFormat::Json;
-    if json {
+    // One sequence of fields, compiled once per format (the format is a constant in each).
+    if format == AccessFormat::Json {
         out.extend_from_slice(b"{\"timestamp\":\"");
         timestamp(out, now);
         out.extend_from_slice(b"\",\"level\":\"INFO\",\"message\":\"request\"");
+        fields(&mut Fields::<true> { out }, route, method, outcome, status, trace, total);
+        out.extend_from_slice(b",\"target\":\"idemgate::access\"}\n");
     } else {
         timestamp(out, now);
         out.extend_from_slice(b"  INFO idemgate::access: request");
+        fields(&mut Fields::<false> { out }, route, method, outcome, status, trace, total);
+        out.push(b'\n');
     }
-    // One sequence of fields, compiled once per format (the format is a constant in each).
-    if json {
-        fields(&mut Fields::<true> { out }, route, method, outcome, status, trace, micros(total));
-    } else {
-        fields(&mut Fields::<false> { out }, route, method, outcome, status, trace, micros(total));
-    }
-    out.extend_from_slice(if json { b",\"target\":\"idemgate::access\"}\n" } else { b"\n" });
 }
 
 fn fields<const JSON: bool>(
@@ -117,7 +113,7 @@ fn fields<const JSON: bool>(
     outcome: Outcome,
     status: StatusCode,
     trace: &Trace,
-    total_micros: u64,
+    total: Duration,
 ) {
     let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
     line.quoted("route", route);
@@ -127,7 +123,7 @@ fn fields<const JSON: bool>(
     if let Some(attempt) = trace.attempt {
         line.number("attempt", u64::from(attempt));
     }
-    line.millis("total_ms", total_micros);
+    line.millis("total_ms", micros(total));
     if let Some(upstream) = trace.upstream {
         line.millis("upstream_ms", micros(upstream));
     }

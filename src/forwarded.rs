@@ -137,7 +137,8 @@ pub fn apply(headers: &mut HeaderMap, peer: &Peer, host: Option<&HeaderValue>) {
     let untrusted = !peer.trusted;
     crate::headers::strip(headers, |name| untrusted && is_client_claim(name));
     // From anyone but a trusted proxy the client's own entries are gone: nothing to chain.
-    let chained = (!untrusted)
+    let chained = peer
+        .trusted
         .then(|| headers.get(&X_FORWARDED_FOR))
         .flatten()
         .and_then(|v| v.to_str().ok())
@@ -156,7 +157,7 @@ pub fn apply(headers: &mut HeaderMap, peer: &Peer, host: Option<&HeaderValue>) {
         element.push_str(";host=");
         element.push_str(host);
     }
-    let prior = (!untrusted).then(|| headers.get(header::FORWARDED)).flatten();
+    let prior = peer.trusted.then(|| headers.get(header::FORWARDED)).flatten();
     let forwarded = match prior.and_then(|v| v.to_str().ok()) {
         Some(prior) if !prior.trim().is_empty() => format!("{prior}, {element}"),
         _ => element,
