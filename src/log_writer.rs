@@ -127,15 +127,18 @@ impl Shared {
     /// have ended.
     fn gather(&self) {
         let mut locals = self.locals.lock().unwrap_or_else(PoisonError::into_inner);
-        for local in locals.iter() {
+        locals.retain(|local| {
+            // Read before the lines are taken: a buffer held only here belongs to a thread
+            // that has ended and can add no more, so what is taken now is all of it. (A
+            // thread that ends after this read is forgotten at the next round.)
+            let ended = Arc::strong_count(local) == 1;
             let mut bytes = local.lock();
             if !bytes.is_empty() {
                 self.append(&bytes, false);
                 bytes.clear();
             }
-        }
-        // Held only here: its thread has ended, and its lines were just taken.
-        locals.retain(|local| Arc::strong_count(local) > 1);
+            !ended
+        });
     }
 
     /// Hands this thread's gathered access lines to the buffer, ahead of a line of its own
