@@ -9,17 +9,12 @@
 //! place among the access lines and are never late. [`flush`] writes out what is left at
 //! shutdown.
 //!
-//! Access lines are first gathered per thread ([`LOCAL_BATCH`] bytes, or until the writer
-//! thread's next round) and reach the shared buffer in bulk: appended one by one, each line
-//! waited at the shared lock's release for its stores into a buffer long gone cold, 1.3-1.5%
-//! of a pass-through's CPU. A thread's own warnings still follow its access lines.
-//!
 //! Bounded: when the writer cannot keep up and [`LIMIT`] bytes wait, new lines are dropped
 //! (never blocking a request) and counted, in `idemgate_log_lines_dropped_total` and in one
 //! line of their own once the writer catches up.
 
 use std::io::Write;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -35,8 +30,6 @@ pub const BATCH: usize = 64 * 1024;
 const ROOM: usize = 2 * BATCH;
 /// The most time a line waits in the buffer.
 pub const FLUSH_EVERY: Duration = Duration::from_secs(1);
-/// Access lines a thread gathers before it hands them to the shared buffer.
-const LOCAL_BATCH: usize = 8 * 1024;
 /// Bytes that may wait; lines past it are dropped.
 pub const LIMIT: usize = 8 * 1024 * 1024;
 
@@ -66,28 +59,6 @@ struct Shared {
     pending: Mutex<Pending>,
     wake: Condvar,
     thread: Mutex<Option<JoinHandle<()>>>,
-    /// The threads' gathered access lines (see [`write_access_line`]).
-    locals: Mutex<Vec<Arc<Local>>>,
-    /// Set before the final flush: from then on, access lines are not gathered.
-    closing: AtomicBool,
-}
-
-/// The access lines one thread has gathered. Its lock is taken by that thread for every
-/// line and by the writer thread once a round, so it stays in the thread's cache.
-#[derive(Default)]
-struct Local {
-    bytes: Mutex<Vec<u8>>,
-}
-
-impl Local {
-    fn lock(&self) -> MutexGuard<'_, Vec<u8>> {
-        self.bytes.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-thread_local! {
-    /// This thread's gathered access lines, registered with the process's writer.
-    static MINE: std::cell::OnceCell<Arc<Local>> = const { std::cell::OnceCell::new() };
 }
 
 impl Shared {
@@ -96,74 +67,7 @@ impl Shared {
         self.pending.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Appends whole lines to the buffer, or counts them dropped past [`LIMIT`]; wakes the
-    /// writer thread for an urgent line or a full batch. After the final flush, writes them
-    /// to stderr directly.
-    fn append(&self, bytes: &[u8], urgent: bool) {
-        let mut pending = self.lock();
-        if pending.closed {
-            drop(pending);
-            let _ = std::io::stderr().write_all(bytes);
-            return;
-        }
-        if pending.bytes.len() + bytes.len() > LIMIT {
-            let lines = u64::try_from(bytes.iter().filter(|&&b| b == b'\n').count().max(1)).unwrap_or(u64::MAX);
-            pending.dropped += lines;
-            DROPPED.fetch_add(lines, Ordering::Relaxed);
-            return;
-        }
-        pending.bytes.extend_from_slice(bytes);
-        let wake = urgent || pending.bytes.len() >= BATCH;
-        // Only the line that crosses the threshold wakes the thread; later ones find it awake.
-        let first = wake && !pending.urgent;
-        pending.urgent |= wake;
-        drop(pending);
-        if first {
-            self.wake.notify_one();
-        }
-    }
-
-    /// Hands every thread's gathered access lines to the buffer, and forgets the threads that
-    /// have ended.
-    fn gather(&self) {
-        let mut locals = self.locals.lock().unwrap_or_else(PoisonError::into_inner);
-        locals.retain(|local| {
-            // Read before the lines are taken: a buffer held only here belongs to a thread
-            // that has ended and can add no more, so what is taken now is all of it. (A
-            // thread that ends after this read is forgotten at the next round.)
-            let ended = Arc::strong_count(local) == 1;
-            let mut bytes = local.lock();
-            if !bytes.is_empty() {
-                self.append(&bytes, false);
-                bytes.clear();
-            }
-            !ended
-        });
-    }
-
-    /// Hands this thread's gathered access lines to the buffer, ahead of a line of its own
-    /// that must not wait.
-    fn gather_mine(&self) {
-        // A thread's lines are gathered for the process's writer only.
-        if !PROCESS.get().is_some_and(|process| std::ptr::eq(&**process, self)) {
-            return;
-        }
-        let _ = MINE.try_with(|mine| {
-            if let Some(local) = mine.get() {
-                let mut bytes = local.lock();
-                if !bytes.is_empty() {
-                    self.append(&bytes, false);
-                    bytes.clear();
-                }
-            }
-        });
-    }
-
     fn close(&self) {
-        // Lines gathered from here on go straight to the buffer; those gathered before are
-        // handed over below (a thread appends under its own lock, which `gather` takes).
-        self.closing.store(true, Ordering::Release);
-        self.gather();
         self.lock().closed = true;
         self.wake.notify_one();
         let thread = self.thread.lock().unwrap_or_else(PoisonError::into_inner).take();
@@ -219,32 +123,10 @@ pub(crate) fn access_format() -> Option<AccessFormat> {
     ACCESS.get().copied()
 }
 
-/// Appends one access line (a whole line, newline included) to this thread's gathered lines,
-/// which reach the process's buffer when they fill [`LOCAL_BATCH`], at the writer thread's
-/// next round, before a line of this thread's that must not wait, or at the final flush.
+/// Appends one access line (a whole line, newline included) to the process's buffer.
 pub(crate) fn write_access_line(line: &[u8]) {
-    let Some(shared) = PROCESS.get() else { return };
-    let gathered = MINE.try_with(|mine| {
-        let local = mine.get_or_init(|| {
-            let local = Arc::new(Local { bytes: Mutex::new(Vec::with_capacity(LOCAL_BATCH + 1024)) });
-            shared.locals.lock().unwrap_or_else(PoisonError::into_inner).push(Arc::clone(&local));
-            local
-        });
-        let mut bytes = local.lock();
-        // Checked under this thread's lock, which the final flush takes after setting it.
-        if shared.closing.load(Ordering::Acquire) {
-            return false;
-        }
-        bytes.extend_from_slice(line);
-        if bytes.len() >= LOCAL_BATCH {
-            shared.append(&bytes, false);
-            bytes.clear();
-        }
-        true
-    });
-    // Closing, or a thread being torn down: straight to the buffer.
-    if gathered != Ok(true) {
-        shared.append(line, false);
+    if let Some(shared) = PROCESS.get() {
+        let _ = Line { shared, urgent: false }.write(line);
     }
 }
 
@@ -259,13 +141,7 @@ pub fn stderr() -> std::io::Result<LogWriter> {
 /// Starts a writer thread over `out`.
 fn start<W: Write + Send + 'static>(out: W) -> std::io::Result<LogWriter> {
     let pending = Pending { bytes: Vec::with_capacity(ROOM), ..Pending::default() };
-    let shared = Arc::new(Shared {
-        pending: Mutex::new(pending),
-        wake: Condvar::new(),
-        thread: Mutex::new(None),
-        locals: Mutex::new(Vec::new()),
-        closing: AtomicBool::new(false),
-    });
+    let shared = Arc::new(Shared { pending: Mutex::new(pending), wake: Condvar::new(), thread: Mutex::new(None) });
     let thread = {
         let shared = Arc::clone(&shared);
         std::thread::Builder::new().name("idemgate-log".into()).spawn(move || write_out(&shared, out))?
@@ -282,13 +158,6 @@ fn write_out<W: Write>(shared: &Shared, mut out: W) {
         let mut pending = shared.lock();
         if !pending.closed && !pending.urgent && pending.bytes.len() < BATCH {
             pending = shared.wake.wait_timeout(pending, FLUSH_EVERY).unwrap_or_else(PoisonError::into_inner).0;
-        }
-        if !pending.closed {
-            // The threads' gathered lines join this round (`gather` takes the lock itself;
-            // on close, `close` has gathered them).
-            drop(pending);
-            shared.gather();
-            pending = shared.lock();
         }
         let closed = pending.closed;
         let dropped = std::mem::take(&mut pending.dropped);
@@ -332,12 +201,26 @@ pub struct Line<'a> {
 
 impl Write for Line<'_> {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        if self.urgent {
-            // This thread's access lines first: they were logged before this line.
-            self.shared.gather_mine();
+        let mut pending = self.shared.lock();
+        if pending.closed {
+            // After the final flush (the last lines of shutdown): straight to stderr.
+            drop(pending);
+            return std::io::stderr().write_all(bytes).map(|()| bytes.len());
         }
-        // After the final flush (the last lines of shutdown) it goes straight to stderr.
-        self.shared.append(bytes, self.urgent);
+        if pending.bytes.len() + bytes.len() > LIMIT {
+            pending.dropped += 1;
+            DROPPED.fetch_add(1, Ordering::Relaxed);
+            return Ok(bytes.len());
+        }
+        pending.bytes.extend_from_slice(bytes);
+        let wake = self.urgent || pending.bytes.len() >= BATCH;
+        // Only the line that crosses the threshold wakes the thread; later ones find it awake.
+        let first = wake && !pending.urgent;
+        pending.urgent |= wake;
+        drop(pending);
+        if first {
+            self.shared.wake.notify_one();
+        }
         Ok(bytes.len())
     }
 
@@ -407,40 +290,37 @@ mod tests {
         assert!(sink.text().ends_with("access 3\n"), "the final flush writes what is left");
     }
 
-    /// The only test that makes a writer the process's: access lines are gathered for it alone.
+    /// A request's access line is logged before its answer leaves, so a line that follows
+    /// another in time, on any thread, follows it in the output: a key's replay is never
+    /// logged before the request that executed it. Through the access lines' own path, as the
+    /// process's writer (the only test that sets it).
     #[test]
-    fn gathered_access_lines_keep_their_thread_s_order_and_all_reach_the_output() {
+    fn access_lines_from_different_threads_keep_the_order_they_were_logged_in() {
         let sink = Sink::default();
         let writer = start(sink.clone()).expect("thread");
         assert!(PROCESS.set(Arc::clone(&writer.shared)).is_ok(), "no other test sets the process's writer");
-        write_access_line(b"here 1\n");
-        std::thread::spawn(|| write_access_line(b"there 1\n")).join().expect("thread");
-        std::thread::sleep(Duration::from_millis(50));
-        assert_eq!(sink.text(), "", "gathered lines wait for the writer's round");
-        line(&writer, true, "warning\n");
-        wait_for(&sink, "warning", Duration::from_millis(500));
-        assert!(sink.text().starts_with("here 1\nwarning\n"), "a thread's own lines come before its warning");
-        wait_for(&sink, "there 1", FLUSH_EVERY * 3);
-        assert_eq!(writer.shared.locals.lock().expect("locals").len(), 1, "an ended thread is forgotten");
-        write_access_line(b"here 2\n");
-        wait_for(&sink, "here 2", FLUSH_EVERY * 3);
-        // The writer thread held up writing a line, so that no round takes lines meanwhile.
-        let gate = sink.gate.lock().expect("gate");
-        line(&writer, true, "held\n");
-        while writer.shared.lock().urgent {
-            std::thread::sleep(Duration::from_millis(2));
+        let (to_b, from_a) = std::sync::mpsc::channel::<usize>();
+        let (to_a, from_b) = std::sync::mpsc::channel::<usize>();
+        let b = std::thread::spawn(move || {
+            while let Ok(n) = from_a.recv() {
+                write_access_line(format!("line {n}\n").as_bytes());
+                if to_a.send(n + 1).is_err() {
+                    break;
+                }
+            }
+        });
+        // The threads take turns: each line is logged after the one before it returned.
+        let mut n = 0;
+        while n < 200 {
+            write_access_line(format!("line {n}\n").as_bytes());
+            to_b.send(n + 1).expect("thread b");
+            n = from_b.recv().expect("thread b");
         }
-        let batch = format!("{}\n", "c".repeat(1023));
-        for _ in 0..(LOCAL_BATCH / 1024) {
-            write_access_line(batch.as_bytes());
-        }
-        assert!(writer.shared.lock().bytes.len() >= LOCAL_BATCH, "a full gathering is handed over at once");
-        drop(gate);
-        write_access_line(b"here 3\n");
+        drop(to_b);
+        b.join().expect("thread b");
         writer.shared.close();
-        assert!(sink.text().ends_with("here 3\n"), "the final flush takes what threads gathered");
-        write_access_line(b"after\n");
-        assert!(!sink.text().contains("after"), "after the final flush, lines go to stderr");
+        let expected: String = (0..200).map(|n| format!("line {n}\n")).collect();
+        assert_eq!(sink.text(), expected);
     }
 
     #[test]
