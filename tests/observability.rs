@@ -274,3 +274,40 @@ async fn a_store_outage_is_said_once_not_once_per_request() {
     let access = lines.iter().filter(|l| l["target"] == "idemgate::access").count();
     assert!(access >= 66, "every request is in the access log: {access}");
 }
+
+/// `worker_threads = 1` runs the gateway on one thread without a pool (a cheaper runtime,
+/// see docs/performance.md): it must serve, replay, log and drain exactly as a pool does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_on_one_thread_serves_replays_and_drains_its_requests() {
+    let upstream = TestUpstream::with(Behavior { delay: Duration::from_millis(400), ..Behavior::default() }).await;
+    let mut gw = GatewayProc::start(&toml(upstream.addr, "worker_threads = 1\nlog_format = \"json\""));
+    let client = gw.client();
+    let first = client.post_json("/orders", Some("one-thread-1"), ORDER).await;
+    let replay = client.post_json("/orders", Some("one-thread-1"), ORDER).await;
+    assert_eq!(first.status, 201);
+    assert_eq!(replay.status, 201);
+    assert_eq!(replay.body, first.body, "the retry got the stored answer");
+    assert_eq!(client.get("/elsewhere", &[]).await.status, 201, "a pass-through");
+    assert_eq!(upstream.executions(), 2, "the order ran once, the pass-through once");
+
+    // A request still at the upstream when SIGTERM arrives is finished and answered.
+    let in_flight = tokio::spawn(async move { client.post_json("/orders", Some("one-thread-2"), ORDER).await });
+    for _ in 0..100 {
+        if upstream.executions() == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(upstream.executions(), 3, "the third request reached the upstream");
+    gw.sigterm();
+    assert_eq!(in_flight.await.unwrap().status, 201, "answered during the drain");
+    let status = gw.wait_exit(Duration::from_secs(10)).expect("the gateway exits after its drain");
+    assert!(status.success(), "{status:?}");
+    let outcomes: Vec<String> =
+        access_lines(&gw).iter().map(|l| l["outcome"].as_str().unwrap_or("").to_owned()).collect();
+    assert_eq!(
+        outcomes,
+        ["executed", "replayed", "passed_through", "executed"],
+        "every access line was flushed at exit"
+    );
+}
