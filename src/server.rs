@@ -267,13 +267,21 @@ fn http_builder(limits: &Limits) -> auto::Builder<TokioExecutor> {
 
 /// Waits until `stream` has bytes to read (or has ended): false when the head deadline
 /// passed first or the connection was asked to close (the server drains).
+///
+/// Hazard: tokio marks an accepted stream readable before the kernel said so (its first read
+/// then tries the socket at once), so a readiness check would let every silent client in.
+/// A peek asks the socket itself: one `recv(MSG_PEEK)` per connection, and on `EAGAIN`
+/// tokio clears the assumed readiness and waits for the kernel's event.
 async fn first_byte(stream: &TcpStream, connection: &Connection) -> bool {
     let Some((due, _)) = connection.deadline() else { return true };
     let timer = tokio::time::sleep_until(due);
     tokio::pin!(timer);
+    let mut byte = [0u8; 1];
     std::future::poll_fn(|cx| {
-        if let Poll::Ready(ready) = stream.poll_read_ready(cx) {
-            return Poll::Ready(ready.is_ok());
+        // A byte: serve. The end of the stream or an error (a client that connected and
+        // left, a reset): nothing to serve.
+        if let Poll::Ready(peeked) = stream.poll_peek(cx, &mut tokio::io::ReadBuf::new(&mut byte)) {
+            return Poll::Ready(matches!(peeked, Ok(n) if n > 0));
         }
         if connection.poll_close(cx).is_ready() {
             return Poll::Ready(false);
@@ -388,5 +396,58 @@ impl Open {
 impl Drop for Registered {
     fn drop(&mut self) {
         self.open.list().try_remove(self.key);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::forwarded::TrustedProxies;
+    use tokio::io::AsyncWriteExt;
+
+    fn limits(header_read_timeout: Duration) -> Limits {
+        Limits {
+            header_read_timeout,
+            body_read_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(60),
+            max_connections: 10,
+            max_header_bytes: 1 << 16,
+            max_exchanges: 10,
+            max_exchanges_per_connection: 2,
+            max_reset_streams: 3,
+            h2_keepalive_interval: None,
+        }
+    }
+
+    /// A connection accepted the way the server accepts them, its client's end, and its state.
+    async fn accepted(header_read_timeout: Duration) -> (TcpStream, TcpStream, Connection) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let (stream, peer) = listener.accept().await.unwrap();
+        let connection =
+            Connection::new(Peer::new(peer, &TrustedProxies::default()), limits(header_read_timeout), None);
+        (stream, client, connection)
+    }
+
+    #[tokio::test]
+    async fn a_silent_client_is_not_served_until_its_first_byte() {
+        let (stream, mut client, connection) = accepted(Duration::from_secs(10)).await;
+        let waiting = tokio::time::timeout(Duration::from_millis(200), first_byte(&stream, &connection)).await;
+        assert!(waiting.is_err(), "an accepted stream is not readable until its client sends");
+        client.write_all(b"G").await.unwrap();
+        let served = tokio::time::timeout(Duration::from_secs(5), first_byte(&stream, &connection)).await;
+        assert_eq!(served.ok(), Some(true), "its first byte hands it over");
+    }
+
+    #[tokio::test]
+    async fn a_silent_client_is_dropped_at_the_head_deadline_and_one_that_left_at_once() {
+        let (stream, _client, connection) = accepted(Duration::from_millis(100)).await;
+        let waited = tokio::time::timeout(Duration::from_secs(5), first_byte(&stream, &connection)).await;
+        assert_eq!(waited.ok(), Some(false), "the head deadline passed");
+
+        let (stream, client, connection) = accepted(Duration::from_secs(10)).await;
+        drop(client);
+        let waited = tokio::time::timeout(Duration::from_secs(5), first_byte(&stream, &connection)).await;
+        assert_eq!(waited.ok(), Some(false), "a client that left without a byte has nothing to serve");
     }
 }
