@@ -19,7 +19,7 @@ use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use prost::Message;
 use support::client::DEFAULT_AUTH;
 use support::gateway::TestGateway;
-use support::gateway_proc::Toml;
+use support::gateway_proc::{GatewayProc, Toml};
 use support::upstream::{Behavior, TestUpstream};
 
 const ORDER: &str = r#"{"sku":"A-1","quantity":2}"#;
@@ -228,4 +228,21 @@ async fn only_a_trusted_proxy_decides_sampling_and_untraced_requests_pass_their_
         collector.auth.lock().unwrap().iter().all(|a| a.as_deref() == Some("t0ken")),
         "the header from the environment"
     );
+}
+
+/// On one thread (`worker_threads = 1`, no pool) the exporter's thread hands its calls to the
+/// gateway's runtime: spans still leave, and the last ones at shutdown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_on_one_thread_exports_its_spans_and_the_last_ones_at_shutdown() {
+    let upstream = TestUpstream::start().await;
+    let (collector_addr, collector) = collector().await;
+    let mut gw = GatewayProc::start(&config(upstream.addr, collector_addr, "worker_threads = 1", ""));
+    let parent = traceparent("00f067aa0ba902b7", "01");
+    let r = gw.client().send(Method::GET, "/anything", &[("traceparent", parent.as_str())], "").await;
+    assert_eq!(r.status, 201);
+    gw.sigterm();
+    let status = gw.wait_exit(Duration::from_secs(10)).expect("the gateway exits");
+    assert!(status.success(), "{status:?}");
+    let spans = spans_of(&collector, TRACE, 1).await;
+    assert!(spans.iter().any(|s| s.name == "GET rest"), "the request's span: {spans:#?}");
 }
