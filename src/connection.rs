@@ -323,22 +323,12 @@ mod tests {
     use crate::forwarded::TrustedProxies;
     use std::time::Duration;
 
-    fn limits() -> Limits {
-        Limits {
-            header_read_timeout: Duration::from_secs(10),
-            body_read_timeout: Duration::from_secs(30),
-            idle_timeout: Duration::from_secs(60),
-            max_connections: 10,
-            max_header_bytes: 1 << 16,
-            max_exchanges: 10,
-            max_exchanges_per_connection: 2,
-            max_reset_streams: 3,
-            h2_keepalive_interval: None,
-        }
-    }
-
     fn connection() -> Arc<Connection> {
-        Arc::new(Connection::new(Peer::new("127.0.0.1:1".parse().unwrap(), &TrustedProxies::default()), limits(), None))
+        Arc::new(Connection::new(
+            Peer::new("127.0.0.1:1".parse().unwrap(), &TrustedProxies::default()),
+            Limits::for_tests(Duration::from_secs(10)),
+            None,
+        ))
     }
 
     #[tokio::test(start_paused = true)]

@@ -405,27 +405,13 @@ mod tests {
     use crate::forwarded::TrustedProxies;
     use tokio::io::AsyncWriteExt;
 
-    fn limits(header_read_timeout: Duration) -> Limits {
-        Limits {
-            header_read_timeout,
-            body_read_timeout: Duration::from_secs(30),
-            idle_timeout: Duration::from_secs(60),
-            max_connections: 10,
-            max_header_bytes: 1 << 16,
-            max_exchanges: 10,
-            max_exchanges_per_connection: 2,
-            max_reset_streams: 3,
-            h2_keepalive_interval: None,
-        }
-    }
-
     /// A connection accepted the way the server accepts them, its client's end, and its state.
     async fn accepted(header_read_timeout: Duration) -> (TcpStream, TcpStream, Connection) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
         let (stream, peer) = listener.accept().await.unwrap();
         let connection =
-            Connection::new(Peer::new(peer, &TrustedProxies::default()), limits(header_read_timeout), None);
+            Connection::new(Peer::new(peer, &TrustedProxies::default()), Limits::for_tests(header_read_timeout), None);
         (stream, client, connection)
     }
 

@@ -121,6 +121,25 @@ pub struct Limits {
     pub h2_keepalive_interval: Option<Duration>,
 }
 
+#[cfg(test)]
+impl Limits {
+    /// Small limits for unit tests of connections: a 60 s idle timeout, two exchanges per
+    /// connection, three wasted requests, and the head deadline given.
+    pub(crate) fn for_tests(header_read_timeout: Duration) -> Self {
+        Self {
+            header_read_timeout,
+            body_read_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(60),
+            max_connections: 10,
+            max_header_bytes: 1 << 16,
+            max_exchanges: 10,
+            max_exchanges_per_connection: 2,
+            max_reset_streams: 3,
+            h2_keepalive_interval: None,
+        }
+    }
+}
+
 /// `[store]`
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoreConfig {
