@@ -391,7 +391,16 @@ fn describe(entry: &Entry) -> serde_json::Value {
             doc["body_bytes"] = json!(body_len);
         }
         EntryState::Executed { status } => doc["status"] = json!(status),
-        EntryState::Unknown { lookup } => doc["lookup_in_flight"] = json!(lookup),
+        EntryState::Unknown { lookup, trusted_in } => {
+            doc["lookup_in_flight"] = json!(lookup.is_some());
+            if let Some(left) = lookup {
+                doc["lookup_left_ms"] = json!(left.as_millis() as u64);
+            }
+            // When a lookup's "not found" becomes proof that the request never ran.
+            if let Some(trusted_in) = trusted_in {
+                doc["not_found_trusted_in_ms"] = json!(trusted_in.as_millis() as u64);
+            }
+        }
         EntryState::Released => {}
     }
     doc

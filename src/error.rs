@@ -91,16 +91,35 @@ pub enum GatewayError {
     OutcomeUnknown {
         /// The exchange ran out of time (504) rather than broke (502).
         timed_out: bool,
-        /// When asking the upstream again may settle it (the route reconciles; its answer
-        /// cannot be trusted yet, or a lookup is still running).
-        retry_after: Option<Duration>,
+        /// How the key gets settled, which decides what the client is told to do.
+        settling: Settling,
     },
     /// Shutdown abandoned the exchange before the upstream answered; its outcome is unknown.
     #[error("the gateway shut down before the upstream answered")]
-    ShuttingDown,
+    ShuttingDown {
+        /// How the key gets settled; `None` when the route released it (`on_unknown_outcome =
+        /// "release"`: a retry runs again).
+        held: Option<Settling>,
+    },
     /// A bug: an exchange task panicked.
     #[error("internal error: {0}")]
     Internal(String),
+}
+
+/// How a key held as unknown gets settled: what a client must be told, since the one thing it
+/// must never do is send the request again under a new key while it may have run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settling {
+    /// By an operator, or not at all (the record expires): the route does not reconcile, and
+    /// every retry with the key is refused.
+    Held,
+    /// By asking the upstream (`[routes.idempotency.reconcile]`): a retry with the same key
+    /// after `retry_after` gets the original answer, or runs if the request never did.
+    Asking {
+        /// When asking (again) may settle it: a lookup still running or not yet trustworthy, the
+        /// one the gateway makes by itself, or a pause after one that failed.
+        retry_after: Duration,
+    },
 }
 
 /// How one error is answered, counted and logged.
@@ -175,6 +194,10 @@ impl Problem {
 
     fn retry_after(self, after: Duration) -> Self {
         Self { retry_after: Some(after), ..self }
+    }
+
+    fn retry_after_if(self, after: Option<Duration>) -> Self {
+        Self { retry_after: after, ..self }
     }
 
     /// Logged at debug level: what the log says about it is said elsewhere, once.
@@ -364,27 +387,17 @@ impl GatewayError {
                 Outcome::Overloaded,
             )
             .retry_after(SOON),
-            Self::OutcomeUnknown { timed_out, retry_after: None } => P::failed(
+            Self::OutcomeUnknown { timed_out, settling } => P::failed(
                 if *timed_out { S::GATEWAY_TIMEOUT } else { S::BAD_GATEWAY },
                 "outcome-unknown",
                 "Outcome unknown",
-                "The request with this idempotency key was sent to the upstream service, and no \
-                 complete answer came back: it may or may not have been processed. It will not be \
-                 run again under this key. Check the state of the resource (for example, list your \
-                 recent orders or payments) before you send it again with a new key.",
-                Outcome::Unknown,
-            ),
-            Self::OutcomeUnknown { timed_out, retry_after: Some(after) } => P::failed(
-                if *timed_out { S::GATEWAY_TIMEOUT } else { S::BAD_GATEWAY },
-                "outcome-unknown",
-                "Outcome unknown",
-                "The request with this idempotency key was sent to the upstream service, and no \
-                 complete answer came back: it may or may not have been processed. The gateway is \
-                 finding out from the upstream service: retry with the same key after Retry-After; \
-                 you will get the original answer, or the request will run if it never did.",
+                match settling {
+                    Settling::Held => UNKNOWN_HELD,
+                    Settling::Asking { .. } => UNKNOWN_ASKING,
+                },
                 Outcome::Unknown,
             )
-            .retry_after(*after),
+            .retry_after_if(settling.retry_after()),
             Self::StoreUnavailable(_) => P::failed(
                 S::SERVICE_UNAVAILABLE,
                 "store-unavailable",
@@ -422,16 +435,18 @@ impl GatewayError {
                  whose upstream is expected to deduplicate on the key.",
                 Outcome::UpstreamFailed,
             ),
-            Self::ShuttingDown => P::failed(
+            Self::ShuttingDown { held } => P::failed(
                 S::SERVICE_UNAVAILABLE,
                 "shutting-down",
                 "Gateway shutting down",
-                "The gateway shut down before the upstream answered; the request may or may not \
-                 have been processed. Check the state of the resource before sending it again: a \
-                 retry with the same key is told its outcome is unknown.",
+                match held {
+                    Some(Settling::Held) => SHUTDOWN_HELD,
+                    Some(Settling::Asking { .. }) => SHUTDOWN_ASKING,
+                    None => SHUTDOWN_RELEASED,
+                },
                 Outcome::UpstreamFailed,
             )
-            .retry_after(SOON),
+            .retry_after(held.and_then(|h| h.retry_after()).unwrap_or(SOON)),
             Self::Internal(_) => P::failed(
                 S::INTERNAL_SERVER_ERROR,
                 "internal",
@@ -442,6 +457,43 @@ impl GatewayError {
         }
     }
 }
+
+impl Settling {
+    /// When to come back, for a route that reconciles.
+    fn retry_after(self) -> Option<Duration> {
+        match self {
+            Self::Held => None,
+            Self::Asking { retry_after } => Some(retry_after),
+        }
+    }
+}
+
+// What a client whose request's outcome is unknown is told. Each says, in the sentence that
+// mentions a new key, that the request may have run and a new key may run it again: a client
+// that takes "use a new key" alone as advice makes the double charge the gateway exists to
+// prevent.
+const UNKNOWN_HELD: &str = "The request with this idempotency key was sent to the upstream service, and no \
+     complete answer came back: it may or may not have been processed. It will not be run again \
+     under this key. Check the state of the resource (for example, list your recent orders or \
+     payments) before you send the request again with a new key: it may already have been \
+     processed, and a new key would process it a second time.";
+const UNKNOWN_ASKING: &str = "The request with this idempotency key was sent to the upstream service, and no \
+     complete answer came back: it may or may not have been processed. To find out, retry with the \
+     same key after Retry-After: the gateway asks the upstream service what became of it, and you \
+     get the original answer, or the request runs if it never did. Do not send it with a new key: \
+     it may already have been processed, and a new key would process it a second time.";
+const SHUTDOWN_HELD: &str = "The gateway shut down before the upstream answered; the request may or may not \
+     have been processed. A retry with the same key is told its outcome is unknown and does not \
+     run it again. Check the state of the resource before you send the request again with a new \
+     key: it may already have been processed, and a new key would process it a second time.";
+const SHUTDOWN_ASKING: &str = "The gateway shut down before the upstream answered; the request may or may \
+     not have been processed. To find out, retry with the same key after Retry-After: the gateway \
+     asks the upstream service what became of it, and you get the original answer, or the request \
+     runs if it never did. Do not send it with a new key: it may already have been processed, and \
+     a new key would process it a second time.";
+const SHUTDOWN_RELEASED: &str = "The gateway shut down before the upstream answered; the request may or may \
+     not have been processed. A retry with the same key runs it again on this route, whose \
+     upstream is expected to deduplicate on the key.";
 
 fn key_detail(e: &KeyError) -> String {
     let hint = match e {
@@ -527,6 +579,42 @@ mod tests {
         }
     }
 
+    /// A client told its request's outcome is unknown must never read "use a new key" as
+    /// advice on its own: wherever an answer mentions a new key, the same sentence says the
+    /// request may already have run and a new key would run it again. And an answer on a
+    /// route that reconciles always says when to retry with the same key.
+    #[test]
+    fn no_unknown_outcome_advises_a_new_key_without_its_risk() {
+        let asking = Settling::Asking { retry_after: Duration::from_secs(3) };
+        let cases = [
+            GatewayError::OutcomeUnknown { timed_out: false, settling: Settling::Held },
+            GatewayError::OutcomeUnknown { timed_out: true, settling: Settling::Held },
+            GatewayError::OutcomeUnknown { timed_out: false, settling: asking },
+            GatewayError::ShuttingDown { held: Some(Settling::Held) },
+            GatewayError::ShuttingDown { held: Some(asking) },
+            GatewayError::ShuttingDown { held: None },
+            UpstreamError::Timeout { upstream: "u".into(), timeout: Duration::ZERO }.into(),
+            UpstreamError::Failed { upstream: "u".into(), detail: "x".into() }.into(),
+        ];
+        for error in &cases {
+            let problem = error.problem();
+            for sentence in problem.detail.split(". ") {
+                if sentence.contains("new key") {
+                    assert!(
+                        sentence.contains("may already have been processed") && sentence.contains("a second time"),
+                        "{error:?}: {sentence:?}"
+                    );
+                }
+            }
+        }
+        for error in [&cases[2], &cases[4]] {
+            let problem = error.problem();
+            assert_eq!(problem.retry_after, Some(Duration::from_secs(3)), "{error:?}");
+            assert!(problem.detail.contains("retry with the same key after Retry-After"), "{error:?}");
+        }
+        assert_eq!(cases[0].problem().retry_after, None, "nothing settles a held key by itself");
+    }
+
     /// `[errors.TYPE]` accepts exactly the types this table answers with: every variant's
     /// slug is in the list, and every entry of the list is some variant's.
     #[test]
@@ -554,8 +642,8 @@ mod tests {
             UpstreamError::Unreachable { upstream: u(), detail: u() }.into(),
             UpstreamError::Timeout { upstream: u(), timeout: Duration::ZERO }.into(),
             UpstreamError::Failed { upstream: u(), detail: u() }.into(),
-            GatewayError::OutcomeUnknown { timed_out: false, retry_after: None },
-            GatewayError::ShuttingDown,
+            GatewayError::OutcomeUnknown { timed_out: false, settling: Settling::Held },
+            GatewayError::ShuttingDown { held: None },
             GatewayError::Internal(u()),
         ];
         let mut slugs: Vec<&str> = every.iter().map(|e| e.problem().slug).collect();

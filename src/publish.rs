@@ -81,12 +81,17 @@ fn fingerprint(policy: &IdempotencyPolicy) -> String {
 /// What a retry gets after a request was sent and no complete answer came back.
 fn unknown_outcome(policy: &IdempotencyPolicy) -> String {
     match (policy.on_unknown_outcome, &policy.reconcile) {
-        (UnknownOutcomePolicy::Hold, None) => "held: retries get 502 `outcome-unknown` and are not run again".into(),
+        (UnknownOutcomePolicy::Hold, None) => "held: retries get 502 `outcome-unknown` and are not run again; \
+            check the state of the resource before sending the request with a new key, which would run it a \
+            second time if it ran"
+            .into(),
         (UnknownOutcomePolicy::Hold, Some(_)) => format!(
             "settled by retrying with the same key: the gateway asks the API what became of the request, and \
              the retry gets the original answer (marked `{}: true` and `Idempotency-Status: reconciled`) or, \
-             if the request never ran, runs it. Until that is known, a retry gets 502 `outcome-unknown` and is \
-             not run; a `Retry-After` on that answer says when to retry",
+             if the request never ran, runs it. Until that is known, a retry gets 502 `outcome-unknown` (409 \
+             `in-progress` while the gateway is still asking) and is not run; the `Retry-After` on that answer \
+             says when to retry. Never with a new key: the request may have run, and a new key would run it \
+             again",
             policy.replay_header
         ),
         (UnknownOutcomePolicy::Release, _) => "released: a retry runs again (the API deduplicates on the key)".into(),
@@ -245,7 +250,7 @@ mod tests {
         let markdown = super::markdown(&routes());
         assert!(
             section(&markdown, "held")
-                .contains(&format!("{ROW}held: retries get 502 `outcome-unknown` and are not run again |\n")),
+                .contains(&format!("{ROW}held: retries get 502 `outcome-unknown` and are not run again; check the state of the resource before sending the request with a new key, which would run it a second time if it ran |\n")),
             "{markdown}"
         );
         assert!(

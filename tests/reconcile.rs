@@ -308,6 +308,9 @@ macro_rules! on_every_store {
 
 on_every_store!(
     an_answer_lost_after_executing_is_found_and_replayed,
+    a_retry_that_meets_a_running_lookup_waits_for_its_answer,
+    a_lookup_that_outlasts_the_wait_answers_409_with_retry_after,
+    a_retry_whose_awaited_lookup_settles_nothing_is_told_when_to_come_back,
     a_request_the_upstream_never_ran_runs_again_as_the_next_attempt,
     the_gateway_that_lost_the_answer_asks_by_itself,
     the_binary_reconciles_and_its_cli_lists_and_resolves,
@@ -450,6 +453,135 @@ async fn an_operator_resolve_racing_a_lookup_wins_cleanly() {
     assert_eq!((again.status.as_u16(), again.problem().as_str()), (409, "admin-conflict"));
     assert_eq!(orders.posts().len(), 1);
     gw.shutdown().await;
+}
+
+// ---- retries that meet a lookup in flight ----------------------------------------------------
+
+/// The lookup answers only after this long, longer than the Redis store's 1 s poll of a
+/// waiting retry: a retry that took that poll for the lookup's end was told to use a new key.
+const SLOW_LOOKUP: Duration = Duration::from_millis(2500);
+
+/// A retry that arrives while another retry's lookup runs waits for that lookup, across the
+/// store's periodic wake-ups, and gets the answer it found; nothing runs twice.
+async fn a_retry_that_meets_a_running_lookup_waits_for_its_answer(store: StoreKind) {
+    let orders = Orders::start().await;
+    let gw = TestGateway::start(&config(&store, orders.addr, "3s", "after = \"off\"")).await;
+    let client = gw.client();
+    orders.set(Post::DropAfter);
+    assert_eq!(post(&client, "k-wait").await.status, 502);
+    orders.set(Post::Answer);
+    orders.set_lookup(Lookup::Delay(SLOW_LOOKUP));
+    let first = tokio::spawn({
+        let client = client.clone();
+        async move { post(&client, "k-wait").await }
+    });
+    wait_until("the lookup to start", || async { key_state(&gw, "k-wait").await["lookup_in_flight"] == true }).await;
+    let started = std::time::Instant::now();
+    let second = post(&client, "k-wait").await;
+    let waited = started.elapsed();
+    let first = first.await.unwrap();
+    for (name, r) in [("the retry that asked", &first), ("the retry that waited", &second)] {
+        assert_eq!(r.status, 200, "{name}: {:?} {:?} after {waited:?}", r.status, r.body);
+        assert_eq!(r.header("idempotency-status"), Some("reconciled"), "{name}");
+        assert_eq!(r.body, order_body(1), "{name}");
+    }
+    assert!(waited > Duration::from_millis(1500), "it waited for the lookup, not for a poll: {waited:?}");
+    assert_eq!(orders.lookups().len(), 1, "one lookup");
+    assert_eq!((orders.posts().len(), orders.orders()), (1, 1), "executed once");
+    gw.shutdown().await;
+}
+
+/// A lookup that outlasts the retries' `wait`: each is told the key is in progress, with a
+/// Retry-After that covers the lookup, never to take a new key; the next retry gets the answer.
+async fn a_lookup_that_outlasts_the_wait_answers_409_with_retry_after(store: StoreKind) {
+    let orders = Orders::start().await;
+    let toml = config(&store, orders.addr, "3s", "after = \"off\"").replace("wait = \"3s\"", "wait = \"1500ms\"");
+    let gw = TestGateway::start(&toml).await;
+    let client = gw.client();
+    orders.set(Post::DropAfter);
+    assert_eq!(post(&client, "k-long").await.status, 502);
+    orders.set(Post::Answer);
+    orders.set_lookup(Lookup::Delay(SLOW_LOOKUP));
+    let first = tokio::spawn({
+        let client = client.clone();
+        async move { post(&client, "k-long").await }
+    });
+    wait_until("the lookup to start", || async { key_state(&gw, "k-long").await["lookup_in_flight"] == true }).await;
+    let second = post(&client, "k-long").await;
+    let first = first.await.unwrap();
+    for (name, r) in [("the retry that asked", &first), ("the retry that waited", &second)] {
+        assert_eq!((r.status.as_u16(), r.problem().as_str()), (409, "in-progress"), "{name}: {:?}", r.body);
+        let after: u64 = r.header("retry-after").expect("a Retry-After").parse().unwrap();
+        // The lookup's lease: the upstream's timeout, a store call at each end, a second.
+        assert!((1..=5).contains(&after), "{name}: Retry-After {after}");
+        assert!(!r.json()["detail"].as_str().unwrap().contains("new key"), "{name}: {:?}", r.body);
+    }
+    wait_until("the lookup to end", || async { key_state(&gw, "k-long").await["state"] == "completed" }).await;
+    let later = post(&client, "k-long").await;
+    assert!(later.is_replay());
+    assert_eq!(later.body, order_body(1));
+    assert_eq!((orders.posts().len(), orders.lookups().len()), (1, 1));
+    gw.shutdown().await;
+}
+
+/// The lookup a retry waited for ends without settling anything ("not found" while the
+/// upstream may still run the request): the retry gets 502 with a Retry-After for when "not
+/// found" becomes proof, and is told to retry with the same key.
+async fn a_retry_whose_awaited_lookup_settles_nothing_is_told_when_to_come_back(store: StoreKind) {
+    let orders = Orders::start().await;
+    let gw = TestGateway::start(&config(&store, orders.addr, "1s", "after = \"off\"\nrelease_after = \"4s\"")).await;
+    let client = gw.client();
+    orders.set(Post::Slow(Duration::from_secs(10)));
+    assert_eq!(post(&client, "k-early").await.status, 504);
+    orders.set(Post::Answer);
+    orders.set_lookup(Lookup::Delay(Duration::from_millis(1500)));
+    let first = tokio::spawn({
+        let client = client.clone();
+        async move { post(&client, "k-early").await }
+    });
+    wait_until("the lookup to start", || async { key_state(&gw, "k-early").await["lookup_in_flight"] == true }).await;
+    let second = post(&client, "k-early").await;
+    let first = first.await.unwrap();
+    for (name, r) in [("the retry that asked", &first), ("the retry that waited", &second)] {
+        assert_eq!((r.status.as_u16(), r.problem().as_str()), (502, "outcome-unknown"), "{name}: {:?}", r.body);
+        let after: u64 = r.header("retry-after").expect("a Retry-After").parse().unwrap();
+        assert!((1..=4).contains(&after), "{name}: until timeout + release_after, less what passed: {after}");
+        let detail = r.json()["detail"].as_str().unwrap().to_owned();
+        assert!(detail.contains("retry with the same key after Retry-After"), "{name}: {detail}");
+    }
+    assert_eq!(orders.posts().len(), 1, "not run again");
+    assert_eq!(orders.lookups().len(), 1, "the waiting retry started no lookup of its own");
+    gw.shutdown().await;
+}
+
+/// Ten retries at two gateways on one Redis, during one slow lookup: every one gets the
+/// answer the lookup found.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_retries_at_two_gateways_all_get_the_lookups_answer() {
+    let orders = Orders::start().await;
+    let store = StoreKind::Redis(RedisServer::shared().url());
+    let toml = config(&store, orders.addr, "3s", "after = \"off\"");
+    let a = TestGateway::start(&toml).await;
+    let b = TestGateway::start(&toml).await;
+    orders.set(Post::DropAfter);
+    assert_eq!(post(&a.client(), "k-ten").await.status, 502);
+    orders.set(Post::Answer);
+    orders.set_lookup(Lookup::Delay(Duration::from_millis(2000)));
+    let mut retries = Vec::new();
+    for i in 0..10 {
+        let client = if i % 2 == 0 { a.client() } else { b.client() };
+        retries.push(tokio::spawn(async move { post(&client, "k-ten").await }));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for (i, retry) in retries.into_iter().enumerate() {
+        let r = retry.await.unwrap();
+        assert_eq!(r.status, 200, "retry {i}: {:?} {:?}", r.status, r.body);
+        assert_eq!(r.body, order_body(1), "retry {i}");
+    }
+    assert_eq!(orders.lookups().len(), 1, "one lookup across both gateways");
+    assert_eq!((orders.posts().len(), orders.orders()), (1, 1));
+    a.shutdown().await;
+    b.shutdown().await;
 }
 
 /// No key can move the lookup to another path or add a parameter.

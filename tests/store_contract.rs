@@ -378,7 +378,10 @@ async fn one_lookup_at_a_time_and_found_completes_the_record(store: Backend, p: 
     assert_eq!(store.begin_lookup(&key, &fp(2), theirs, LOOKUP).await.unwrap(), LookupStart::Moved);
     assert_eq!(store.begin_lookup(&record(&p, "absent"), &fp(1), theirs, LOOKUP).await.unwrap(), LookupStart::Moved);
     match store.get(&key).await.unwrap().unwrap().state {
-        EntryState::Unknown { lookup } => assert!(lookup, "the lookup shows"),
+        EntryState::Unknown { lookup, trusted_in } => {
+            assert!(lookup.is_some_and(|left| left > Duration::from_secs(3)), "the lookup shows, with its lease: {lookup:?}");
+            assert_eq!(trusted_in, Some(Duration::ZERO), "settled as trusted at once");
+        }
         other => panic!("{other:?}"),
     }
     // Only the lookup's own token ends it; the waiter's watch fires on the end.
@@ -409,8 +412,14 @@ async fn not_found_releases_only_once_it_can_be_trusted(store: Backend, p: Strin
         matches!(early, LookupEnded::TooEarly { left } if left > Duration::from_millis(200) && left <= Duration::from_millis(600)),
         "{early:?}"
     );
-    // Still unknown, and free for the next lookup.
+    // Still unknown, and free for the next lookup; inspection says when "not found" is proof.
     assert!(matches!(claim(&store, &key, fp(1)).await, Claim::Unknown { attempt: 1 }));
+    match store.get(&key).await.unwrap().unwrap().state {
+        EntryState::Unknown { lookup: None, trusted_in: Some(left) } => {
+            assert!(left > Duration::from_millis(100) && left <= Duration::from_millis(600), "{left:?}")
+        }
+        other => panic!("{other:?}"),
+    }
     tokio::time::sleep(Duration::from_millis(700)).await;
     let token = OwnerToken::generate();
     assert!(matches!(store.begin_lookup(&key, &fp(1), token, LOOKUP).await.unwrap(), LookupStart::Started { .. }));

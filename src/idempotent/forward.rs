@@ -36,7 +36,7 @@ use super::context::Ctx;
 use super::reconcile::{self, Question};
 use super::settle::Settle;
 use crate::body::{self, Body};
-use crate::error::GatewayError;
+use crate::error::{GatewayError, Settling};
 use crate::forwarded::Peer;
 use crate::headers;
 use crate::metrics::{ReleaseReason, status_class};
@@ -257,23 +257,30 @@ impl Exchange {
                 let closed = matches!(e, UpstreamError::Failed { .. });
                 let done = settle.unknown(lease, trusted_in(closed)).await;
                 held = held_by(done);
-                // On a route that reconciles, the client's retry with the same key is what gets
-                // the answer: say so, and when (the lookup the gateway makes by itself).
-                let retry_after = policy.reconcile.as_ref().map(|r| r.after.unwrap_or(Duration::from_secs(1)));
                 match done {
-                    UnknownOutcomePolicy::Hold => Err(GatewayError::OutcomeUnknown { timed_out, retry_after }),
+                    UnknownOutcomePolicy::Hold => Err(GatewayError::OutcomeUnknown { timed_out, settling: settling(&route) }),
                     UnknownOutcomePolicy::Release => Err(e.into()),
                 }
             }
             Ended::Abandoned => {
-                held = held_by(settle.unknown(lease, trusted_in(false)).await);
-                Err(GatewayError::ShuttingDown)
+                let done = settle.unknown(lease, trusted_in(false)).await;
+                held = held_by(done);
+                let held = (done == UnknownOutcomePolicy::Hold).then(|| settling(&route));
+                Err(GatewayError::ShuttingDown { held })
             }
         };
         end_span(settle_span);
         let _ = client.send((reply, report()));
         trail.record(&rt, &route, held, confirmed);
     }
+}
+
+/// How the key of an exchange that lost its answer gets settled. On a route that reconciles,
+/// the client's retry with the same key is what gets the answer: say when (the lookup the
+/// gateway makes by itself, or at once with `after = "off"`, where the retry asks).
+fn settling(route: &IdempotentRoute) -> Settling {
+    let after = route.policy.reconcile.as_ref().map(|r| r.after.unwrap_or(Duration::from_secs(1)));
+    reconcile::settling(route, after)
 }
 
 /// The state an unknown outcome leaves its key in: held as unknown, or released (nothing to

@@ -6,7 +6,8 @@
 //!                    ├─ NotStored ───────────────────────────────▶ answer ('response-not-stored')
 //!                    ├─ Unknown ─▶ reconcile ─┬─ found ──────────▶ answer (replay, reconciled)
 //!                    │                        ├─ released ───────▶ claim again (attempt N+1)
-//!                    │                        └─ still unknown ──▶ 502 'outcome-unknown'
+//!                    │                        ├─ still asking ───▶ 409 + Retry-After
+//!                    │                        └─ still unknown ──▶ 502 'outcome-unknown' + Retry-After
 //!                    ├─ InFlight (after the bounded wait) ───────▶ 409 + Retry-After
 //!                    └─ Mismatch ────────────────────────────────▶ 422
 //! ```
@@ -100,8 +101,18 @@ pub async fn handle(
             reconcile::Asked::Found(stored) => {
                 return Ok((Outcome::Replayed, answer::reconciled(stored, &route.policy.replay_header)));
             }
-            reconcile::Asked::Unknown { retry_after } => {
-                return Err(GatewayError::OutcomeUnknown { timed_out: false, retry_after });
+            // The lookup outlasted the wait: what a duplicate gets when its key is still held.
+            reconcile::Asked::Running { left } => {
+                return Err(GatewayError::InFlight { retry_after: left });
+            }
+            reconcile::Asked::TooEarly { left } => {
+                return Err(GatewayError::OutcomeUnknown {
+                    timed_out: false,
+                    settling: reconcile::settling(route, Some(left)),
+                });
+            }
+            reconcile::Asked::Failed => {
+                return Err(GatewayError::OutcomeUnknown { timed_out: false, settling: reconcile::settling(route, None) });
             }
             reconcile::Asked::Changed => {
                 reconciled = true;
@@ -122,7 +133,9 @@ pub async fn handle(
                 answer::not_stored(head, &route.policy.replay_header, &route.settings.problem_base, &route.errors);
             return Ok((Outcome::Replayed, response));
         }
-        Ok(Claim::Unknown { .. }) => return Err(GatewayError::OutcomeUnknown { timed_out: false, retry_after: None }),
+        Ok(Claim::Unknown { .. }) => {
+            return Err(GatewayError::OutcomeUnknown { timed_out: false, settling: reconcile::settling(route, None) });
+        }
         Ok(Claim::InFlight { lease_left }) => {
             let retry_after = claim::retry_after(route, lease_left, ctx.holder_ran);
             return Err(GatewayError::InFlight { retry_after });

@@ -6,7 +6,8 @@
 //! request had them):
 //!
 //! - when a retry meets the key ([`on_retry`]), and waits for the answer within the route's
-//!   `wait`;
+//!   `wait`; a retry that finds a lookup already running waits for that one, as a duplicate
+//!   waits for the request holding its key;
 //! - in the background, `after` an unknown outcome, from the gateway that lost it and still
 //!   holds the request in memory ([`later`]): credentials are never written to the store or
 //!   the log, so if that gateway dies, the next retry asks.
@@ -18,7 +19,11 @@
 //! | a `found` status | completed with that answer | replayed, `Idempotency-Status: reconciled` |
 //! | a `not_found` status, trusted | released | runs upstream as attempt N+1 |
 //! | a `not_found` status, too early | still unknown, asked again later | 502 with `Retry-After` |
-//! | anything else (error, timeout, other status) | still unknown | 502 |
+//! | anything else (error, timeout, other status) | still unknown | 502 with `Retry-After` |
+//! | nothing yet: the lookup outlasts the retry's `wait` | a lookup runs | 409 with `Retry-After` |
+//!
+//! Every one of these answers tells the client to retry with the same key: on a route that
+//! reconciles, that retry is what settles the key, and a new key could run the request twice.
 //!
 //! The hazard is a "not found" from an upstream that is still running the request (after a
 //! timeout, the request may be executing): released then, the key would run twice. So the
@@ -41,6 +46,7 @@ use tokio::time::Instant;
 
 use super::capture::{self, Captured};
 use crate::body;
+use crate::error::Settling;
 use crate::forwarded::Peer;
 use crate::headers;
 use crate::metrics::{GaugeHold, Reconciliation};
@@ -49,7 +55,9 @@ use crate::policy::key::IdempotencyKey;
 use crate::policy::reconcile::Reconcile;
 use crate::policy::scope;
 use crate::runtime::{IdempotentRoute, Runtime};
-use crate::store::{IndexKey, LookupEnd, LookupEnded, LookupStart, OwnerToken, RecordKey, Store, StoredResponse};
+use crate::store::{
+    EntryState, IndexKey, LookupEnd, LookupEnded, LookupStart, OwnerToken, RecordKey, Store, StoredResponse, Watch,
+};
 
 /// How many times, at most, the gateway that lost an answer asks by itself.
 const BACKGROUND_TRIES: u32 = 6;
@@ -104,11 +112,20 @@ pub enum Asked {
     Found(StoredResponse),
     /// The key is no longer unknown (released, or settled by someone else): claim it again.
     Changed,
-    /// Still unknown; `retry_after` when asking again may settle it.
-    Unknown {
-        /// When to retry.
-        retry_after: Option<Duration>,
+    /// A lookup still runs at the end of the retry's wait; it ends within `left` at the latest.
+    Running {
+        /// Time left on that lookup's lease.
+        left: Duration,
     },
+    /// Still unknown: the upstream says it never ran the request, but it may still be running
+    /// it; "not found" is proof only in `left`.
+    TooEarly {
+        /// Until "not found" can be trusted.
+        left: Duration,
+    },
+    /// Still unknown: the lookup failed (an error, a timeout, an answer that is neither found
+    /// nor not found), or could not start.
+    Failed,
 }
 
 impl Asked {
@@ -117,27 +134,39 @@ impl Asked {
         match self {
             Self::Found(_) => "found",
             Self::Changed => "settled",
-            Self::Unknown { .. } => "unknown",
+            Self::Running { .. } => "running",
+            Self::TooEarly { .. } | Self::Failed => "unknown",
         }
     }
 }
 
+/// When a retry that met an unknown outcome should come back: when a lookup may settle it.
+/// After one that failed, nothing says the next will fail too: soon.
+const AFTER_FAILED: Duration = Duration::from_secs(1);
+
+/// How the key of a route's unknown outcome gets settled, for the answer that says so: by
+/// asking the upstream (at a retry, `retry_after` from now at the soonest), or by an operator.
+pub fn settling(route: &IdempotentRoute, retry_after: Option<Duration>) -> Settling {
+    match &route.policy.reconcile {
+        Some(_) => Settling::Asking { retry_after: retry_after.unwrap_or(AFTER_FAILED) },
+        None => Settling::Held,
+    }
+}
+
 /// A retry met an unknown outcome: ask the upstream, or wait for the lookup another request
-/// started, within the route's `wait`.
+/// started, within the route's `wait`, exactly as a duplicate waits for the request holding
+/// its key.
 pub async fn on_retry(rt: &Arc<Runtime>, route: &Arc<IdempotentRoute>, question: Question) -> Asked {
-    let Some(reconcile) = &route.policy.reconcile else { return Asked::Unknown { retry_after: None } };
+    let Some(reconcile) = &route.policy.reconcile else { return Asked::Failed };
     let deadline = Instant::now() + route.policy.wait;
     // Registered before the lookup is tried, so that the end of a running one wakes us.
     let watch = rt.store.watch(&question.record);
     let token = OwnerToken::generate();
     let lease = lookup_lease(rt, route);
+    let sent = Instant::now();
     match rt.store.begin_lookup(&question.record, &question.fingerprint, token, lease).await {
         Ok(LookupStart::Moved) => Asked::Changed,
-        Ok(LookupStart::Busy { left }) => {
-            let _waiting = GaugeHold::new(&rt.metrics.waiting_duplicates);
-            watch.changed(deadline.min(Instant::now() + left)).await;
-            Asked::Changed
-        }
+        Ok(LookupStart::Busy { left }) => wait_for_lookup(rt, route, &question.record, watch, deadline, left).await,
         Ok(LookupStart::Started { .. }) => {
             // In a task of its own: if the client goes away, the lookup still ends and frees
             // its token.
@@ -148,13 +177,62 @@ pub async fn on_retry(rt: &Arc<Runtime>, route: &Arc<IdempotentRoute>, question:
             });
             match tokio::time::timeout_at(deadline, rx).await {
                 Ok(Ok(asked)) => asked,
-                _ => Asked::Unknown { retry_after: Some(lease.min(Duration::from_secs(5))) },
+                // Its lease began no earlier than the call that took it was sent.
+                _ => Asked::Running { left: (sent + lease).saturating_duration_since(Instant::now()) },
             }
         }
         Err(e) => {
             route.metrics.store_error();
             tracing::debug!(route = %route.name, key = question.record.short(), error = %e, "cannot start a lookup");
-            Asked::Unknown { retry_after: None }
+            Asked::Failed
+        }
+    }
+}
+
+/// Waits, until `deadline`, for the lookup another request runs on `record` (`left` on its
+/// lease) to end, and says how it ended.
+///
+/// The hazard is taking a wake-up for an end. The watch also fires every poll interval
+/// (pub/sub can drop a message) and at the wait's own bounds; a retry that then claimed again
+/// would find the key still unknown and be answered as if asking had failed, while the lookup
+/// is about to find the answer. So every wake reads the record again, and only a lookup that
+/// is no longer running ends the wait.
+async fn wait_for_lookup(
+    rt: &Runtime,
+    route: &IdempotentRoute,
+    record: &RecordKey,
+    mut watch: Watch,
+    deadline: Instant,
+    mut left: Duration,
+) -> Asked {
+    let _waiting = GaugeHold::new(&rt.metrics.waiting_duplicates);
+    loop {
+        let now = Instant::now();
+        if now >= deadline {
+            return Asked::Running { left };
+        }
+        // Past the lookup's lease the record is read again all the same: a lookup whose
+        // gateway died holds nothing once its lease has passed.
+        watch.changed(deadline.min(now + left)).await;
+        // Registered before the read, so that an end between the two is not missed.
+        watch = rt.store.watch(record);
+        let state = match rt.store.get(record).await {
+            Ok(entry) => entry.map(|e| e.state),
+            Err(e) => {
+                route.metrics.store_error();
+                tracing::debug!(route = %route.name, key = record.short(), error = %e, "cannot read a key whose lookup this retry waits for");
+                return Asked::Failed;
+            }
+        };
+        match state {
+            Some(EntryState::Unknown { lookup: Some(running), .. }) => left = running,
+            // It ended and settled nothing: "not found" too early to trust, or no answer.
+            Some(EntryState::Unknown { lookup: None, trusted_in: Some(left) }) if !left.is_zero() => {
+                return Asked::TooEarly { left };
+            }
+            Some(EntryState::Unknown { lookup: None, .. }) => return Asked::Failed,
+            // Completed, released or gone: the claim says which.
+            _ => return Asked::Changed,
         }
     }
 }
@@ -184,8 +262,8 @@ pub fn later(rt: &Arc<Runtime>, route: &Arc<IdempotentRoute>, question: Question
                 Err(_) => (pause * 2).clamp(Duration::from_secs(1), MAX_PAUSE),
                 Ok(LookupStart::Started { .. }) => match ask(&rt, &route, &reconcile, &question, token).await {
                     Asked::Found(_) | Asked::Changed => return,
-                    Asked::Unknown { retry_after: Some(left) } => left + TRUST_MARGIN,
-                    Asked::Unknown { retry_after: None } => (pause * 2).clamp(Duration::from_secs(1), MAX_PAUSE),
+                    Asked::TooEarly { left } => left + TRUST_MARGIN,
+                    Asked::Failed | Asked::Running { .. } => (pause * 2).clamp(Duration::from_secs(1), MAX_PAUSE),
                 },
             };
         }
@@ -231,7 +309,7 @@ async fn ask(
         }
         (Answer::NotFound, Ok(LookupEnded::TooEarly { left })) => {
             tracing::debug!(route = %name, key, left = %crate::access::human(left), "the upstream has no answer yet, and may still be running the request");
-            (Reconciliation::TooEarly, Asked::Unknown { retry_after: Some(left) })
+            (Reconciliation::TooEarly, Asked::TooEarly { left })
         }
         // An operator, or another lookup after this one's lease, settled it meanwhile.
         (_, Ok(LookupEnded::Lost)) => return Asked::Changed,
@@ -241,12 +319,12 @@ async fn ask(
                 _ => "the store refused the lookup's answer".to_owned(),
             };
             tracing::warn!(route = %name, key, reason = %why, "lookup of an unknown outcome failed; the key stays unknown");
-            (Reconciliation::Failed, Asked::Unknown { retry_after: None })
+            (Reconciliation::Failed, Asked::Failed)
         }
         (_, Err(e)) => {
             route.metrics.store_error();
             tracing::debug!(route = %name, key, error = %e, "cannot write a lookup's answer; the key stays unknown until it is asked again");
-            (Reconciliation::Failed, Asked::Unknown { retry_after: None })
+            (Reconciliation::Failed, Asked::Failed)
         }
     };
     route.metrics.reconciled(result);

@@ -95,7 +95,10 @@ impl Slot {
             }
             State::Completed(r) => EntryState::Completed { status: r.status.as_u16(), body_len: r.body.len() },
             State::Executed(r) => EntryState::Executed { status: r.status.as_u16() },
-            State::Unknown(u) => EntryState::Unknown { lookup: u.lookup.is_some_and(|(_, end)| end > now) },
+            State::Unknown(u) => EntryState::Unknown {
+                lookup: u.lookup.filter(|(_, end)| *end > now).map(|(_, end)| end - now),
+                trusted_in: Some(u.trusted_at.saturating_duration_since(now)),
+            },
             State::Released => EntryState::Released,
         }
     }

@@ -357,8 +357,11 @@ pub enum EntryState {
     },
     /// The request's outcome is unknown; retries are refused.
     Unknown {
-        /// A lookup of the key is running.
-        lookup: bool,
+        /// Time left on the lease of the lookup of the key that is running, if one is.
+        lookup: Option<Duration>,
+        /// How long until a lookup's "not found" is proof that the request never ran (zero:
+        /// it is already); `None` when it never will be (a record written without that time).
+        trusted_in: Option<Duration>,
     },
     /// Released: the next request runs, as the next attempt.
     Released,

@@ -465,7 +465,11 @@ impl Store for RedisStore {
                 EntryState::Completed { status: r.status.as_u16(), body_len: r.body.len() }
             }
             b"x" => EntryState::Executed { status: items.response()?.status.as_u16() },
-            b"u" => EntryState::Unknown { lookup: !lease_left.is_zero() },
+            b"u" => {
+                // Negative: the record keeps no trust time (written by an earlier version).
+                let trusted_in = u64::try_from(items.int()?).ok().map(Duration::from_millis);
+                EntryState::Unknown { lookup: Some(lease_left).filter(|left| !left.is_zero()), trusted_in }
+            }
             b"r" => EntryState::Released,
             _ => return Err(protocol("unknown record state")),
         };
