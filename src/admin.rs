@@ -39,14 +39,13 @@ use sha2::{Digest, Sha256};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::body::{self, Body};
+use crate::body::{self, Body, BodyError};
 use crate::error::Problem;
 use crate::gateway::Gateway;
 use crate::policy::scope::{MissingScope, Scope};
 use crate::reload::Live;
 use crate::runtime::IdempotentRoute;
 use crate::store::{Cursor, Entry, EntryState, Held, IndexKey, RecordKey, Resolved, Store, StoreError, StoredResponse};
-use http_body_util::BodyExt;
 
 /// The admin service's shared state.
 #[derive(Clone)]
@@ -306,9 +305,9 @@ async fn keys(gw: &Gateway, request: Request<Incoming>) -> Response<Body> {
             Err(e) => unavailable(gw, e),
         },
         Method::PUT => {
-            let answer = match read_answer(route, body).await {
+            let answer = match read_answer(gw, route, &parts.headers, body).await {
                 Ok(answer) => answer,
-                Err(detail) => return bad(&detail),
+                Err(refused) => return refused,
             };
             match rt.store.resolve(&record, &answer, route.policy.retention).await {
                 Ok(Resolved::Done { was }) => {
@@ -467,50 +466,37 @@ async fn list(gw: &Gateway, route: &IdempotentRoute, query: &KeysQuery) -> Respo
     )
 }
 
-/// The operator's answer in a `PUT /keys` body: `{"status": 201, "headers": {...}, "body": "..."}`.
-async fn read_answer(route: &IdempotentRoute, body: Incoming) -> Result<StoredResponse, String> {
-    let bytes = match http_body_util::Limited::new(body, MAX_RESOLVE_BODY).collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(e) => return Err(format!("Cannot read the body: {e}.")),
-    };
-    #[derive(serde::Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct Answer {
-        status: u16,
-        #[serde(default)]
-        headers: std::collections::BTreeMap<String, OneOrMany>,
-        #[serde(default)]
-        body: String,
-    }
-    #[derive(serde::Deserialize)]
-    #[serde(untagged)]
-    enum OneOrMany {
-        One(String),
-        Many(Vec<String>),
-    }
-    let answer: Answer = serde_json::from_slice(&bytes).map_err(|e| {
-        format!("The body must be {{\"status\": 201, \"headers\": {{\"name\": \"value\"}}, \"body\": \"...\"}}: {e}.")
-    })?;
-    let status = StatusCode::from_u16(answer.status)
-        .ok()
-        .filter(|s| (200..600).contains(&s.as_u16()))
-        .ok_or_else(|| format!("status {} is not between 200 and 599.", answer.status))?;
-    let mut headers = HeaderMap::new();
-    for (name, values) in answer.headers {
-        let header = HeaderName::from_bytes(name.as_bytes()).map_err(|_| format!("{name:?} is not a header name."))?;
-        let values = match values {
-            OneOrMany::One(v) => vec![v],
-            OneOrMany::Many(vs) => vs,
-        };
-        for value in values {
-            let value =
-                HeaderValue::from_str(&value).map_err(|_| format!("The value of {name} is not a header value."))?;
-            headers.append(header.clone(), value);
+/// The operator's answer in a `PUT /keys` body (see [`crate::operator`]), read whole within
+/// the body timeout; the refusal when it is not one.
+async fn read_answer(
+    gw: &Gateway,
+    route: &IdempotentRoute,
+    headers: &HeaderMap,
+    body: Incoming,
+) -> Result<StoredResponse, Response<Body>> {
+    let limit = route.settings.body_read_timeout;
+    let bytes = match crate::body::read_bounded(headers, body, MAX_RESOLVE_BODY, limit).await {
+        Ok(bytes) => bytes,
+        // The rest may still arrive: the connection cannot carry another request.
+        Err(BodyError::Timeout { limit }) => {
+            let detail = format!("The body did not arrive within {}s; nothing changed.", limit.as_secs_f64());
+            let mut r = problem(gw, StatusCode::REQUEST_TIMEOUT, "admin-body-timeout", "Body too slow", &detail);
+            r.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+            return Err(r);
         }
-    }
-    // What a replay may carry, as for an answer from the upstream.
-    let headers = crate::headers::storable(&headers, &route.policy.stored_headers);
-    Ok(StoredResponse { status, headers, body: bytes::Bytes::from(answer.body).into() })
+        Err(e) => return Err(bad_request(gw, &format!("Cannot read the body: {e}."))),
+    };
+    crate::operator::parse_answer(&bytes, &route.policy.stored_headers)
+        .map_err(|e| bad_request(gw, &format!("{}. Nothing changed.", capitalise(&e.to_string()))))
+}
+
+fn bad_request(gw: &Gateway, detail: &str) -> Response<Body> {
+    problem(gw, StatusCode::BAD_REQUEST, "admin-bad-request", "Bad request", detail)
+}
+
+fn capitalise(text: &str) -> String {
+    let mut chars = text.chars();
+    chars.next().map_or_else(String::new, |c| c.to_uppercase().chain(chars).collect())
 }
 
 fn unavailable(gw: &Gateway, e: StoreError) -> Response<Body> {

@@ -70,11 +70,23 @@ pub fn strip(headers: &mut HeaderMap, also: impl Fn(&HeaderName) -> bool) {
     }
 }
 
-/// Response headers that are never stored for replay: session cookies and credentials or
-/// challenges meant for the one client that got them. (`Proxy-*` and hop-by-hop headers are
-/// never stored either.) `Date` is not stored because a replay gets a fresh one.
-fn never_stored(name: &HeaderName) -> bool {
-    matches!(name.as_str(), "set-cookie" | "set-cookie2" | "www-authenticate" | "authentication-info" | "date")
+/// Why a response header is never stored for replay, whatever a route says; `None` for one
+/// that may be. A replay must never hand one client's session cookie or credential challenge
+/// to whoever retries, nor carry anything of one connection or a framing of its own.
+pub fn never_stored(name: &HeaderName) -> Option<&'static str> {
+    if is_hop_by_hop(name) {
+        return Some("it describes one connection (hop-by-hop), and a replay is framed by the gateway");
+    }
+    match name.as_str() {
+        // A length that does not match the body replayed with it splits the connection's
+        // responses; the replay is framed from the body it sends.
+        "content-length" => Some("a replay is framed from the body it sends"),
+        "set-cookie" | "set-cookie2" => Some("a replay would hand one client's session to whoever retries"),
+        "www-authenticate" | "authentication-info" => Some("it is a credential or a challenge for one client"),
+        "date" => Some("a replay is dated when it is sent"),
+        n if n.starts_with("proxy-") => Some("it is meant for a proxy, not for the client"),
+        _ => None,
+    }
 }
 
 /// Which response headers a route stores for replay.
@@ -86,20 +98,20 @@ pub struct StoredHeaders {
     pub exclude: Vec<HeaderName>,
 }
 
+impl StoredHeaders {
+    /// Whether the route's own lists let `name` be stored (the fixed list aside).
+    pub fn stores(&self, name: &HeaderName) -> bool {
+        !self.exclude.contains(name) && self.allow.as_ref().is_none_or(|allow| allow.contains(name))
+    }
+}
+
 /// The headers of an upstream response that may be stored and replayed. `headers` come
 /// without their hop-by-hop headers (the exchange strips them once, as the response
 /// arrives); the fixed hop-by-hop names are left out here as well, so that nothing of the
 /// one connection is ever stored.
 pub fn storable(headers: &HeaderMap, policy: &StoredHeaders) -> HeaderMap {
-    let stored = |name: &HeaderName| {
-        !(is_hop_by_hop(name)
-            || name.as_str().starts_with("proxy-")
-            || never_stored(name)
-            || policy.exclude.contains(name)
-            || policy.allow.as_ref().is_some_and(|allow| !allow.contains(name)))
-    };
     let mut out = HeaderMap::with_capacity(headers.len());
-    for (name, value) in headers.iter().filter(|(name, _)| stored(name)) {
+    for (name, value) in headers.iter().filter(|(name, _)| never_stored(name).is_none() && policy.stores(name)) {
         out.append(name.clone(), value.clone());
     }
     out
@@ -151,6 +163,7 @@ mod tests {
             ("transfer-encoding", "chunked"),
             ("x-internal-trace", "t"),
             ("location", "/orders/1"),
+            ("content-length", "9"),
         ]);
         let policy = StoredHeaders { allow: None, exclude: vec![HeaderName::from_static("x-internal-trace")] };
         let kept = storable(&h, &policy);

@@ -26,6 +26,8 @@
 //! - [`upstream`]: pooled http/https clients and request preparation;
 //! - [`connection`]: one client connection's limits: idle and head deadlines, exchanges,
 //!   abandoned requests;
+//! - [`operator`]: what an operator tells the gateway about a held key (the answer of
+//!   `PUT /keys`), checked so that no answer can break a replay's framing;
 //! - [`store`]: the state of every key: claim, renew, settle, release (Redis with Lua, or
 //!   memory);
 //! - [`config`]: `gateway.toml`, validated into the types below;
@@ -37,10 +39,12 @@
 //!   route, Prometheus metrics.
 //!
 //! The crate's surface is what the binary, the tests and the fuzz targets use: the
-//! configuration, the policy, the store, and the server with its gateway.
+//! configuration, the policy, the store, an operator's answer, and the server with its
+//! gateway.
 
 pub mod config;
 pub mod log_writer;
+pub mod operator;
 pub mod policy;
 pub mod store;
 

@@ -421,3 +421,104 @@ async fn the_admin_bearer_scheme_is_case_insensitive() {
     let r = admin.send(Method::GET, path, &[("authorization", "Basic dGVzdA==")], "").await;
     assert_eq!(r.status, 401);
 }
+
+// ---- replays and operators' answers ----------------------------------------------------------
+
+const TOKEN: &str = "test-admin-token-0123456789";
+
+/// Sends `retry` (a keyed POST) and a `GET /next` on one keep-alive connection, and splits what
+/// comes back into responses by their own framing (RFC 9112 §6.3): each as its head (lower
+/// case) and body. A response whose length lies leaves the next one starting inside it.
+async fn two_on_one_connection(addr: SocketAddr, key: &str) -> Vec<(String, Vec<u8>)> {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    let requests = format!(
+        "POST /orders HTTP/1.1\r\nhost: x\r\nidempotency-key: {key}\r\nauthorization: {DEFAULT_AUTH}\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n\r\n{ORDER}\
+         GET /next HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+        ORDER.len()
+    );
+    stream.write_all(requests.as_bytes()).await.unwrap();
+    let (raw, _) = read_until_closed(&mut stream, Duration::from_secs(5)).await;
+    let mut out = Vec::new();
+    let mut rest = &raw[..];
+    while !rest.is_empty() {
+        let Some(end) = rest.windows(4).position(|w| w == b"\r\n\r\n") else { break };
+        let head = String::from_utf8_lossy(&rest[..end]).to_lowercase();
+        rest = &rest[end + 4..];
+        let length = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .unwrap_or(0);
+        let body = rest[..length.min(rest.len())].to_vec();
+        rest = &rest[length.min(rest.len())..];
+        out.push((head, body));
+    }
+    out
+}
+
+/// docs/security.md, "an operator's answer that would split responses": `PUT /keys` refuses
+/// a `Content-Length` (and every header a replay never carries) with 400 naming it, and the
+/// answer it takes is replayed as one response: the next request on the connection gets its
+/// own. Against the release binary in CI, where hyper does not assert on a bad length.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operators_answer_cannot_split_the_responses_of_a_connection() {
+    let upstream = RawUpstream::start(Misbehaviour::CloseAfterRequest).await;
+    let gw = start(upstream.addr, &format!("admin_token = \"{TOKEN}\""), "");
+    let lost = gw.client().post_json("/orders", Some("split"), ORDER).await;
+    assert_eq!(lost.status, 502);
+    let admin = Client::new(gw.admin);
+    let bearer = format!("Bearer {TOKEN}");
+    let headers = [("authorization", bearer.as_str()), ("scope-authorization", DEFAULT_AUTH)];
+    let smuggling = r#"{"status":201,"headers":{"content-length":"2"},"body":"{\"order_id\":1}HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nowned"}"#;
+    let refused = admin.send(Method::PUT, "/keys?route=orders&key=split", &headers, smuggling).await;
+    assert_eq!(refused.status, 400, "{:?}", refused.body);
+    let detail = refused.json()["detail"].as_str().unwrap().to_owned();
+    assert!(detail.contains("content-length cannot be part of a stored answer"), "{detail}");
+    let answer = r#"{"status":201,"headers":{"content-type":"application/json"},"body":"{\"order_id\":1}"}"#;
+    let put = admin.send(Method::PUT, "/keys?route=orders&key=split", &headers, answer).await;
+    assert_eq!(put.status, 200, "{:?}", put.body);
+    let responses = two_on_one_connection(gw.addr, "split").await;
+    assert_eq!(responses.len(), 2, "{responses:?}");
+    assert!(responses[0].0.starts_with("http/1.1 201"), "{responses:?}");
+    assert_eq!(responses[0].1, b"{\"order_id\":1}");
+    assert!(responses[1].0.starts_with("http/1.1 "), "the next request got its own answer: {responses:?}");
+    assert_eq!(upstream.executions(), 2, "the POST once (its retry was a replay), and the GET");
+}
+
+/// A record written by hand (or by an earlier version) with a `Content-Length` that does not
+/// match its body is replayed framed from its body all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_whose_length_lies_is_replayed_framed_from_its_body() {
+    use idemgate::store::StoredResponse;
+    let upstream = TestUpstream::start().await;
+    let redis = support::redis::RedisServer::shared();
+    let prefix = support::unique("lies");
+    let store = format!("backend = \"redis\"\nurl = \"{}\"\nkey_prefix = \"{prefix}\"", redis.url());
+    let toml = Toml {
+        store: &store,
+        policy: "scope = \"global\"",
+        upstream_lines: "timeout = \"5s\"",
+        ..Toml::new(upstream.addr)
+    }
+    .render();
+    let gw = GatewayProc::start(&toml);
+    assert_eq!(gw.client().post_json("/orders", Some("lies"), ORDER).await.status, 201);
+    // The record: a 73-byte header, then the response; its response now says 2 bytes.
+    let name = support::record_key(&prefix, "lies");
+    let mut conn = redis.connection();
+    let value: Vec<u8> = ::redis::cmd("GET").arg(name.as_str()).query(&mut conn).unwrap();
+    let mut stored = StoredResponse::decode(bytes::Bytes::copy_from_slice(&value[73..])).unwrap();
+    assert!(stored.body.len() > 2);
+    stored.headers.insert("content-length", http::HeaderValue::from_static("2"));
+    let mut forged = value[..73].to_vec();
+    forged.extend_from_slice(&stored.encode());
+    let _: () = ::redis::cmd("SET").arg(name.as_str()).arg(forged).arg("KEEPTTL").query(&mut conn).unwrap();
+    let responses = two_on_one_connection(gw.addr, "lies").await;
+    assert_eq!(responses.len(), 2, "{responses:?}");
+    assert!(responses[0].0.contains("idempotent-replay: true"), "{responses:?}");
+    assert!(responses[0].0.contains(&format!("content-length: {}", stored.body.len())), "{responses:?}");
+    assert_eq!(responses[0].1, stored.body.to_bytes());
+    assert!(responses[1].0.starts_with("http/1.1 201"), "the next request got its own answer: {responses:?}");
+    assert_eq!(upstream.executions(), 2, "the POST once, the GET once");
+}

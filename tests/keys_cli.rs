@@ -457,9 +457,9 @@ fn resolve_sends_the_answer_as_one_json_document() {
             "--header",
             "Location:/orders/7",
             "--header",
-            "Set-Cookie: a=1",
+            "Link: <a>",
             "--header",
-            "set-cookie: b=2",
+            "link: <b>",
             "--body",
             r#"{"id":7}"#,
         ],
@@ -478,7 +478,7 @@ fn resolve_sends_the_answer_as_one_json_document() {
         String::from_utf8(request.body).unwrap(),
         concat!(
             r#"{"status":201,"headers":{"content-type":"application/json","location":"/orders/7","#,
-            r#""set-cookie":["a=1","b=2"]},"body":"{\"id\":7}"}"#
+            r#""link":["<a>","<b>"]},"body":"{\"id\":7}"}"#
         )
     );
 }
@@ -534,6 +534,19 @@ fn resolve_refuses_stdin_twice_binary_bodies_bad_headers_and_no_status() {
     let run = keys(&["resolve", "--admin", &admin.url, "--route", "orders", "--key", "k1"], &[WITH_TOKEN], None);
     assert_eq!(run.code, Some(2), "{run:?}");
     assert!(run.stderr.contains("--status"), "{run:?}");
+
+    // What the admin listener would refuse is refused here, with its words, before sending:
+    // headers a replay never carries, and a body on a status that has none.
+    for header in ["Content-Length: 2", "transfer-encoding: chunked", "Set-Cookie: a=1", "Date: x"] {
+        let run = keys(&[&base[..], &["--header", header]].concat(), &[WITH_TOKEN], None);
+        assert_eq!(run.code, Some(2), "{header}: {run:?}");
+        let name = header.split(':').next().unwrap().to_lowercase();
+        assert!(run.stderr.contains(&format!("the header {name} cannot be part of a stored answer")), "{run:?}");
+    }
+    let no_content = ["resolve", "--admin", &admin.url, "--route", "orders", "--key", "k1", "--status", "204"];
+    let run = keys(&[&no_content[..], &["--body", "x"]].concat(), &[WITH_TOKEN], None);
+    assert_eq!(run.code, Some(2), "{run:?}");
+    assert!(run.stderr.contains("status 204 has no body") && run.stderr.contains("nothing was sent"), "{run:?}");
 
     assert!(admin.requests().is_empty(), "{:#?}", admin.requests());
 }

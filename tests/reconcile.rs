@@ -189,6 +189,11 @@ fn admin(gw: &TestGateway) -> Client {
     gw.admin_client()
 }
 
+async fn key_state_by_hash(gw: &TestGateway, key: &str, hash: &str) -> serde_json::Value {
+    let path = format!("/keys?route=orders&key={}&scope_hash={hash}", urlencode(key));
+    admin(gw).get(&path, &[("authorization", &format!("Bearer {TOKEN}"))]).await.json()
+}
+
 async fn key_state(gw: &TestGateway, key: &str) -> serde_json::Value {
     let path = format!("/keys?route=orders&key={}", urlencode(key));
     admin(gw).get(&path, &[("authorization", &format!("Bearer {TOKEN}")), ("scope-authorization", AUTH)]).await.json()
@@ -669,18 +674,31 @@ async fn operators_list_held_keys_page_by_page_and_settle_them() {
     // Settle one by the scope hash the list gave, release another.
     let first = admin(&gw).get("/keys?route=orders&state=unknown", &auth).await.json();
     let hash = first["records"][0]["scope_hash"].as_str().unwrap().to_owned();
+    let target = format!("/keys?route=orders&key=held-1&scope_hash={hash}");
+    // What a replay never carries is refused by name, and nothing changes.
+    let refused = admin(&gw)
+        .send(
+            Method::PUT,
+            &target,
+            &auth,
+            r#"{"status": 201, "headers": {"content-type": "application/json", "set-cookie": "no"}, "body": "{\"order_id\": 1}"}"#,
+        )
+        .await;
+    assert_eq!((refused.status.as_u16(), refused.problem().as_str()), (400, "admin-bad-request"));
+    let detail = refused.json()["detail"].as_str().unwrap().to_owned();
+    assert!(detail.starts_with("The header set-cookie cannot be part of a stored answer"), "{detail}");
+    assert_eq!(key_state_by_hash(&gw, "held-1", &hash).await["state"], "unknown");
     let put = admin(&gw)
         .send(
             Method::PUT,
-            &format!("/keys?route=orders&key=held-1&scope_hash={hash}"),
+            &target,
             &auth,
-            r#"{"status": 201, "headers": {"content-type": "application/json", "set-cookie": "no"}, "body": "{\"order_id\": 1}"}"#,
+            r#"{"status": 201, "headers": {"content-type": "application/json"}, "body": "{\"order_id\": 1}"}"#,
         )
         .await;
     assert_eq!(put.status, 200, "{:?}", put.body);
     let replay = post(&client, "held-1").await;
     assert_eq!((replay.status.as_u16(), &replay.body[..]), (201, &br#"{"order_id": 1}"#[..]));
-    assert_eq!(replay.header("set-cookie"), None, "what a replay never carries is not stored");
     let del =
         admin(&gw).send(Method::DELETE, &format!("/keys?route=orders&key=held-2&scope_hash={hash}"), &auth, "").await;
     assert_eq!(del.json(), serde_json::json!({"released": true, "was": "unknown"}));
@@ -694,6 +712,14 @@ async fn operators_list_held_keys_page_by_page_and_settle_them() {
         (Method::GET, "/keys?route=orders&state=unknown&cursor=zz", ""),
         (Method::PUT, "/keys?route=orders&key=%22held%203%2F%3F%22", "{\"status\": 99}"),
         (Method::PUT, "/keys?route=orders&key=%22held%203%2F%3F%22", "not json"),
+        // A length that lies would split the responses of every connection that replays it.
+        (
+            Method::PUT,
+            "/keys?route=orders&key=%22held%203%2F%3F%22",
+            r#"{"status":201,"headers":{"content-length":"2"},"body":"{\"order_id\":1}"}"#,
+        ),
+        (Method::PUT, "/keys?route=orders&key=%22held%203%2F%3F%22", r#"{"status":201,"headers":{"Transfer-Encoding":"chunked"}}"#),
+        (Method::PUT, "/keys?route=orders&key=%22held%203%2F%3F%22", r#"{"status":204,"body":"x"}"#),
     ] {
         let scoped = [("authorization", bearer.as_str()), ("scope-authorization", AUTH)];
         let r = admin(&gw).send(method.clone(), path, &scoped, body).await;
@@ -773,6 +799,43 @@ fn reconcile_is_refused_where_nothing_is_held_and_checked_everywhere() {
     )
     .unwrap();
     assert!(fine.warning_lines("t").iter().all(|w| !w.contains("reconcile")), "{:?}", fine.warning_lines("t"));
+    for status in [204, 205, 304] {
+        let toml = base(&format!("[routes.idempotency.reconcile]\npath = \"/l?key={{key}}\"\nanswer_status = {status}"));
+        let warnings = idemgate::config::Config::from_toml(&toml, "t").unwrap().warning_lines("t");
+        let said = warnings.iter().find(|w| w.contains("reconcile.answer_status")).expect("a warning");
+        assert!(said.contains(&format!("{status} has no body")) && said.contains("without a Content-Length"), "{said}");
+    }
+}
+
+/// `answer_status = 204`: a found answer is replayed as a 204, without the lookup's body and
+/// without a length, and the next request on the connection gets its own answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_found_answer_replayed_as_204_has_no_body_and_no_length() {
+    let orders = Orders::start().await;
+    let store = StoreKind::Memory;
+    let gw = TestGateway::start(&config(&store, orders.addr, "2s", "after = \"off\"\nanswer_status = 204")).await;
+    orders.set(Post::DropAfter);
+    assert_eq!(post(&gw.client(), "k-204").await.status, 502);
+    orders.set(Post::Answer);
+    let mut stream = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    let retry = format!(
+        "POST /orders HTTP/1.1\r\nhost: x\r\nidempotency-key: k-204\r\nauthorization: {AUTH}\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n\r\n{ORDER}\
+         GET /next HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n",
+        ORDER.len()
+    );
+    tokio::io::AsyncWriteExt::write_all(&mut stream, retry.as_bytes()).await.unwrap();
+    let mut raw = Vec::new();
+    tokio::io::AsyncReadExt::read_to_end(&mut stream, &mut raw).await.unwrap();
+    let text = String::from_utf8_lossy(&raw).to_lowercase();
+    let second = text.find("\r\n\r\nhttp/1.1 ").map(|at| at + 4).expect("two responses, the first without a body");
+    let first = &text[..second];
+    assert!(first.starts_with("http/1.1 204"), "{text}");
+    assert!(first.contains("idempotency-status: reconciled"), "{text}");
+    assert!(!first.contains("content-length") && !first.contains("order_id"), "{text}");
+    assert!(text[second..].starts_with("http/1.1 "), "{text}");
+    assert_eq!(orders.posts().len(), 1);
+    gw.shutdown().await;
 }
 
 /// The shipped binary, end to end: a lost answer found on retry, and the operator's CLI

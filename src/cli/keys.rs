@@ -329,6 +329,11 @@ async fn resolve(client: &AdminClient, args: &ResolveArgs, scope: &CallerScope, 
     let resolution = Resolution { status: args.status, headers: HeaderList(&headers), body };
     let payload =
         serde_json::to_vec(&resolution).map_err(|e| Failure::Failed(format!("cannot encode the resolution: {e}")))?;
+    // The admin listener reads it with the same rules; said here, nothing is sent. (The
+    // route's own replay_headers and exclude_headers are known only to the gateway.)
+    if let Err(e) = idemgate::operator::parse_answer(&payload, &Default::default()) {
+        return Err(Failure::Usage(format!("{e}; nothing was sent")));
+    }
     let doc = client.call(Method::PUT, &target_query(target, scope), scope, Some(payload)).await?.document()?;
     if target.admin.json {
         emit(&format!("{doc}\n"))?;
@@ -499,13 +504,16 @@ fn parse_answer_header(s: &str) -> Result<(String, String), String> {
     let (name, value) = s.split_once(':').ok_or("expected 'Name: value'")?;
     let name = HeaderName::from_bytes(name.trim().as_bytes())
         .map_err(|_| format!("{:?} is not a header name", name.trim()))?;
+    if let Some(why) = idemgate::operator::refused_header(&name) {
+        return Err(format!("the header {name} cannot be part of a stored answer: {why}"));
+    }
     let value = value.trim();
     HeaderValue::from_str(value).map_err(|_| format!("the value of {name} holds characters a header cannot carry"))?;
     Ok((name.as_str().to_owned(), value.to_owned()))
 }
 
 /// The answer's headers by name, in the order first given. A JSON object holds each name once,
-/// so a repeated one (Set-Cookie) gathers its values, which the document carries as a list.
+/// so a repeated one (Link, Vary) gathers its values, which the document carries as a list.
 fn answer_headers(headers: &[(String, String)]) -> Vec<(String, Vec<String>)> {
     let mut grouped: Vec<(String, Vec<String>)> = Vec::new();
     for (name, value) in headers {

@@ -49,6 +49,7 @@ use crate::body;
 use crate::error::Settling;
 use crate::forwarded::Peer;
 use crate::headers;
+use crate::operator;
 use crate::metrics::{GaugeHold, Reconciliation};
 use crate::policy::fingerprint::Fingerprint;
 use crate::policy::key::IdempotencyKey;
@@ -369,7 +370,10 @@ async fn call(route: &IdempotentRoute, reconcile: &Reconcile, question: &Questio
         };
     if reconcile.found.contains(status) {
         let headers = headers::storable(&parts.headers, &route.policy.stored_headers);
-        return Answer::Found(StoredResponse { status: reconcile.answer_status.unwrap_or(status), headers, body });
+        let status = reconcile.answer_status.unwrap_or(status);
+        // A status without a body (`answer_status = 204`) is replayed without one: none is kept.
+        let body = if operator::has_no_body(status) { Default::default() } else { body };
+        return Answer::Found(StoredResponse { status, headers, body });
     }
     if reconcile.not_found.contains(status) {
         return Answer::NotFound;

@@ -156,6 +156,18 @@ pub(super) fn warnings(config: &Config) -> Vec<Issue> {
             ),
             _ => {}
         }
+        if let Some(status) = policy.reconcile.as_ref().and_then(|r| r.answer_status)
+            && crate::operator::has_no_body(status)
+        {
+            out.add(
+                format!("routes[{i}].idempotency.reconcile.answer_status"),
+                format!(
+                    "{} has no body: a found answer is replayed with its headers only, without the lookup's \
+                     body and without a Content-Length, so clients never see what the lookup said",
+                    status.as_u16()
+                ),
+            );
+        }
         if policy.lease < config.store.timeout * 3 {
             out.add(
                 &key,
