@@ -11,10 +11,10 @@ use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Response, header, response};
 
 use crate::body::{self, Body};
-use crate::headers;
-use crate::operator;
 use crate::error::Problem;
+use crate::headers;
 use crate::metrics::Outcome;
+use crate::operator;
 use crate::policy::errors::ErrorShape;
 use crate::store::StoredResponse;
 
@@ -167,8 +167,10 @@ mod tests {
         if lengths.iter().any(|l| l != first) {
             return Err(format!("{} differing Content-Length values", lengths.len()));
         }
-        let length: usize =
-            std::str::from_utf8(first).ok().and_then(|l| l.trim().parse().ok()).ok_or("a Content-Length that is no number")?;
+        let length: usize = std::str::from_utf8(first)
+            .ok()
+            .and_then(|l| l.trim().parse().ok())
+            .ok_or("a Content-Length that is no number")?;
         let body = rest.get(..length).ok_or("a body shorter than its Content-Length")?;
         Ok((status, body.to_vec(), &rest[length..]))
     }

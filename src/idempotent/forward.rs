@@ -258,7 +258,9 @@ impl Exchange {
                 let done = settle.unknown(lease, trusted_in(closed)).await;
                 held = held_by(done);
                 match done {
-                    UnknownOutcomePolicy::Hold => Err(GatewayError::OutcomeUnknown { timed_out, settling: settling(&route) }),
+                    UnknownOutcomePolicy::Hold => {
+                        Err(GatewayError::OutcomeUnknown { timed_out, settling: settling(&route) })
+                    }
                     UnknownOutcomePolicy::Release => Err(e.into()),
                 }
             }

@@ -112,7 +112,10 @@ pub async fn handle(
                 });
             }
             reconcile::Asked::Failed => {
-                return Err(GatewayError::OutcomeUnknown { timed_out: false, settling: reconcile::settling(route, None) });
+                return Err(GatewayError::OutcomeUnknown {
+                    timed_out: false,
+                    settling: reconcile::settling(route, None),
+                });
             }
             reconcile::Asked::Changed => {
                 reconciled = true;
