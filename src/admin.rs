@@ -15,7 +15,8 @@
 //! GET    /keys?route=R&key=K[&scope_hash=H]   the record of key K (JSON)
 //! PUT    /keys?route=R&key=K[&scope_hash=H]   complete an unknown or executed record with
 //!                                             the answer in the body (JSON)
-//! DELETE /keys?route=R&key=K[&scope_hash=H]   release it
+//! DELETE /keys?route=R&key=K[&scope_hash=H][&force=true]   release it (a key a running
+//!                                             request holds: only with force)
 //! GET    /keys?route=R&state=S[&cursor=C&limit=N]  the route's records in state S (unknown,
 //!                                             executed): the ones that need an operator
 //! ```
@@ -27,6 +28,7 @@
 //! anonymous scope.
 
 use std::convert::Infallible;
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, header};
@@ -45,7 +47,9 @@ use crate::gateway::Gateway;
 use crate::policy::scope::{MissingScope, Scope};
 use crate::reload::Live;
 use crate::runtime::IdempotentRoute;
-use crate::store::{Cursor, Entry, EntryState, Held, IndexKey, RecordKey, Resolved, Store, StoreError, StoredResponse};
+use crate::store::{
+    Cursor, Entry, EntryState, Held, IndexKey, Purged, RecordKey, Resolved, Store, StoreError, StoredResponse,
+};
 
 /// The admin service's shared state.
 #[derive(Clone)]
@@ -68,7 +72,7 @@ impl Admin {
 pub async fn serve(listener: TcpListener, admin: Admin, draining: CancellationToken) {
     let builder = auto::Builder::new(TokioExecutor::new());
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
+        let Ok((stream, peer)) = listener.accept().await else {
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             continue;
         };
@@ -77,7 +81,7 @@ pub async fn serve(listener: TcpListener, admin: Admin, draining: CancellationTo
         let service = service_fn(move |request| {
             let admin = admin.clone();
             let draining = draining.clone();
-            async move { Ok::<_, Infallible>(handle(&admin, &draining, request).await) }
+            async move { Ok::<_, Infallible>(handle(&admin, &draining, peer.ip(), request).await) }
         });
         let conn = builder.serve_connection(TokioIo::new(stream), service).into_owned();
         tokio::spawn(async move {
@@ -97,7 +101,12 @@ const ENDPOINTS: [(&str, &str); 7] = [
     ("/keys", "GET, HEAD, PUT, DELETE"),
 ];
 
-async fn handle(admin: &Admin, draining: &CancellationToken, request: Request<Incoming>) -> Response<Body> {
+async fn handle(
+    admin: &Admin,
+    draining: &CancellationToken,
+    peer: IpAddr,
+    request: Request<Incoming>,
+) -> Response<Body> {
     // HEAD is GET without the body, which hyper leaves out of the response by itself.
     let method = if request.method() == Method::HEAD { &Method::GET } else { request.method() };
     let gw = &admin.live.gateway();
@@ -157,7 +166,7 @@ async fn handle(admin: &Admin, draining: &CancellationToken, request: Request<In
             if let Some(denied) = authorize(admin, request.headers()) {
                 return denied;
             }
-            keys(gw, request).await
+            keys(gw, peer, request).await
         }
         (method, path) => match ENDPOINTS.iter().find(|(p, _)| *p == path) {
             Some((_, allow)) => {
@@ -253,6 +262,7 @@ struct KeysQuery {
     state: Option<String>,
     cursor: Option<String>,
     limit: Option<String>,
+    force: Option<String>,
 }
 
 impl KeysQuery {
@@ -267,6 +277,7 @@ impl KeysQuery {
                 "state" => &mut q.state,
                 "cursor" => &mut q.cursor,
                 "limit" => &mut q.limit,
+                "force" => &mut q.force,
                 _ => continue,
             };
             *slot = Some(v.into_owned());
@@ -275,7 +286,7 @@ impl KeysQuery {
     }
 }
 
-async fn keys(gw: &Gateway, request: Request<Incoming>) -> Response<Body> {
+async fn keys(gw: &Gateway, peer: IpAddr, request: Request<Incoming>) -> Response<Body> {
     let (parts, body) = request.into_parts();
     let query = KeysQuery::parse(parts.uri.query().unwrap_or(""));
     let bad = |detail: &str| problem(gw, StatusCode::BAD_REQUEST, "admin-bad-request", "Bad request", detail);
@@ -295,28 +306,71 @@ async fn keys(gw: &Gateway, request: Request<Incoming>) -> Response<Body> {
     };
     let rt = gw.runtime();
     let index = IndexKey::new(rt.key_prefix(), &route.name);
+    let audit = |action: &'static str, before: Option<&str>, result: &str| {
+        tracing::info!(
+            target: "idemgate::audit",
+            %peer,
+            action,
+            route = %route.name,
+            key = record.short(),
+            before = before.unwrap_or("-"),
+            result,
+            "operator changed a key"
+        );
+    };
     match parts.method {
-        Method::DELETE => match rt.store.purge(&record).await {
-            Ok(released) => {
-                tracing::info!(route = %route.name, key = record.short(), released, "admin release");
-                let _ = rt.store.unindex(&index, &record).await;
-                json_response(StatusCode::OK, &json!({ "released": released.is_some(), "was": released }))
+        Method::DELETE => {
+            let force = match query.force.as_deref() {
+                None | Some("false") => false,
+                Some("true") => true,
+                Some(_) => return bad("force must be true or false."),
+            };
+            let action = if force { "forced-release" } else { "release" };
+            match rt.store.purge(&record, force).await {
+                Ok(Purged::Released { was }) => {
+                    audit(action, Some(was), "released");
+                    let _ = rt.store.unindex(&index, &record).await;
+                    json_response(StatusCode::OK, &json!({ "released": true, "was": was }))
+                }
+                Ok(Purged::Nothing) => {
+                    audit(action, None, "nothing to release");
+                    json_response(StatusCode::OK, &json!({ "released": false, "was": null }))
+                }
+                Ok(Purged::Refused { lease_left }) => {
+                    audit(action, Some("in_progress"), "refused: a request holds the key");
+                    let detail = format!(
+                        "A request holds this key and may be running upstream now (its lease ends within {}s): \
+                         released, a retry would run it a second time beside it. Nothing changed. Wait for it to \
+                         settle, or release it with force=true only if you know it is not running.",
+                        lease_left.as_secs_f64().ceil()
+                    );
+                    let mut r = problem(gw, StatusCode::CONFLICT, "admin-conflict", "Not releasable", &detail);
+                    r.headers_mut().insert("x-record-state", HeaderValue::from_static("in_progress"));
+                    r
+                }
+                Err(e) => {
+                    audit(action, None, "store error");
+                    store_failed(gw, e)
+                }
             }
-            Err(e) => unavailable(gw, e),
-        },
+        }
         Method::PUT => {
             let answer = match read_answer(gw, route, &parts.headers, body).await {
                 Ok(answer) => answer,
-                Err(refused) => return refused,
+                Err(refused) => {
+                    audit("resolve", None, "refused: not an answer");
+                    return refused;
+                }
             };
             match rt.store.resolve(&record, &answer, route.policy.retention).await {
                 Ok(Resolved::Done { was }) => {
-                    tracing::info!(route = %route.name, key = record.short(), was, status = answer.status.as_u16(), "admin resolve");
+                    audit("resolve", Some(was), &format!("resolved with {}", answer.status.as_u16()));
                     let _ = rt.store.unindex(&index, &record).await;
                     json_response(StatusCode::OK, &json!({ "resolved": true, "was": was }))
                 }
                 Ok(Resolved::Refused { state }) => {
                     let state = state.unwrap_or("absent");
+                    audit("resolve", Some(state), "refused: not unknown or executed");
                     let detail = format!(
                         "The record is {state}: only an unknown or executed record can be resolved. Nothing changed."
                     );
@@ -324,13 +378,16 @@ async fn keys(gw: &Gateway, request: Request<Incoming>) -> Response<Body> {
                     r.headers_mut().insert("x-record-state", HeaderValue::from_static(state));
                     r
                 }
-                Err(e) => unavailable(gw, e),
+                Err(e) => {
+                    audit("resolve", None, "store error");
+                    store_failed(gw, e)
+                }
             }
         }
         _ => match rt.store.get(&record).await {
             Ok(None) => json_response(StatusCode::NOT_FOUND, &json!({ "state": "absent" })),
             Ok(Some(entry)) => json_response(StatusCode::OK, &describe(&entry)),
-            Err(e) => unavailable(gw, e),
+            Err(e) => store_failed(gw, e),
         },
     }
 }
@@ -429,7 +486,7 @@ async fn list(gw: &Gateway, route: &IdempotentRoute, query: &KeysQuery) -> Respo
     let index = IndexKey::new(rt.key_prefix(), &route.name);
     let page = match rt.store.list(&index, held, cursor, limit).await {
         Ok(page) => page,
-        Err(e) => return unavailable(gw, e),
+        Err(e) => return store_failed(gw, e),
     };
     let now = crate::store::unix_ms();
     let mut records = Vec::with_capacity(page.entries.len());
@@ -437,7 +494,7 @@ async fn list(gw: &Gateway, route: &IdempotentRoute, query: &KeysQuery) -> Respo
         let record = entry.record_key();
         let state = match rt.store.get(&record).await {
             Ok(state) => state,
-            Err(e) => return unavailable(gw, e),
+            Err(e) => return store_failed(gw, e),
         };
         let current = state.as_ref().map(|e| e.state.name());
         if current != Some(held.name()) {
@@ -499,7 +556,7 @@ fn capitalise(text: &str) -> String {
     chars.next().map_or_else(String::new, |c| c.to_uppercase().chain(chars).collect())
 }
 
-fn unavailable(gw: &Gateway, e: StoreError) -> Response<Body> {
+fn store_failed(gw: &Gateway, e: StoreError) -> Response<Body> {
     tracing::debug!(error = %e, "admin: store unavailable");
     problem(
         gw,

@@ -522,3 +522,65 @@ async fn a_record_whose_length_lies_is_replayed_framed_from_its_body() {
     assert!(responses[1].0.starts_with("http/1.1 201"), "the next request got its own answer: {responses:?}");
     assert_eq!(upstream.executions(), 2, "the POST once, the GET once");
 }
+
+/// docs/security.md, "an operator releasing a key a running request holds": `DELETE /keys`
+/// answers 409 `admin-conflict` while a request holds the key, and a retry meanwhile waits
+/// for it instead of running it again; only `force=true` releases it. Every change is an
+/// audit line naming the route, the key's hash, the state before and the result, never the
+/// caller's scope or an answer's body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_a_running_request_holds_is_released_only_by_force_and_every_change_is_audited() {
+    let upstream = TestUpstream::with(Behavior { delay: Duration::from_millis(1500), ..Behavior::default() }).await;
+    let gw = start(upstream.addr, &format!("admin_token = \"{TOKEN}\""), "wait = \"5s\"");
+    let client = gw.client();
+    let first = tokio::spawn({
+        let client = client.clone();
+        async move { client.post_json("/orders", Some("running"), ORDER).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let admin = Client::new(gw.admin);
+    let bearer = format!("Bearer {TOKEN}");
+    let headers = [("authorization", bearer.as_str()), ("scope-authorization", DEFAULT_AUTH)];
+    let refused = admin.send(Method::DELETE, "/keys?route=orders&key=running", &headers, "").await;
+    assert_eq!((refused.status.as_u16(), refused.problem().as_str()), (409, "admin-conflict"), "{:?}", refused.body);
+    assert_eq!(refused.header("x-record-state"), Some("in_progress"));
+    assert!(refused.json()["detail"].as_str().unwrap().contains("force=true"));
+    let retry = client.post_json("/orders", Some("running"), ORDER).await;
+    let first = first.await.unwrap();
+    assert_eq!(first.status, 201);
+    assert!(retry.is_replay(), "the retry waited for the running request: {:?}", retry.body);
+    assert_eq!(upstream.executions(), 1, "executed once");
+    let bogus = admin.send(Method::DELETE, "/keys?route=orders&key=running&force=yes", &headers, "").await;
+    assert_eq!(bogus.status, 400);
+
+    // Forced: a key held by a request is released, and the line says it was forced.
+    let second = tokio::spawn({
+        let client = client.clone();
+        async move { client.post_json("/orders", Some("forced"), ORDER).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let forced = admin.send(Method::DELETE, "/keys?route=orders&key=forced&force=true", &headers, "").await;
+    assert_eq!(forced.json(), serde_json::json!({"released": true, "was": "in_progress"}));
+    let _ = second.await.unwrap();
+    let resolved = admin
+        .send(Method::PUT, "/keys?route=orders&key=forced", &headers, r#"{"status":201,"body":"secret-body"}"#)
+        .await;
+    assert_eq!(resolved.status, 409, "released, not unknown: {:?}", resolved.body);
+
+    // The bad `force` value was refused before the record was read: three changes asked for.
+    let audit = gw.lines_with("operator changed a key", 3);
+    assert_eq!(audit.len(), 3, "{audit:#?}");
+    let expect = [
+        ("action=\"release\"", "before=\"in_progress\"", "result=\"refused: a request holds the key\""),
+        ("action=\"forced-release\"", "before=\"in_progress\"", "result=\"released\""),
+        ("action=\"resolve\"", "before=\"released\"", "result=\"refused: not unknown or executed\""),
+    ];
+    for (line, (action, before, result)) in audit.iter().zip(expect) {
+        assert!(line.contains(action) && line.contains(before) && line.contains(result), "{line}");
+        assert!(line.contains("route=orders") && line.contains("peer=127.0.0.1") && line.contains("key="), "{line}");
+        // The key's hash, never the key, the caller's credential or the answer's body.
+        for secret in ["tester", "secret-body", "\"running\"", "\"forced\""] {
+            assert!(!line.contains(secret), "the audit line shows {secret}: {line}");
+        }
+    }
+}

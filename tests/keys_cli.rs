@@ -324,6 +324,25 @@ fn scope_hash_goes_in_the_query_and_the_scope_variables_stay_home() {
     assert_eq!(admin.requests().len(), 1, "a bad hash must not be sent");
 }
 
+/// A key a running request holds is refused by the admin listener (409, printed, exit 1);
+/// `--force` asks for the release all the same, and only then is `force=true` sent.
+#[test]
+fn release_sends_force_only_when_asked_and_prints_a_refusal() {
+    let admin = FakeAdmin::start(|request| match request.param("force").as_deref() {
+        Some("true") => ok(json!({ "released": true, "was": "in_progress" })),
+        _ => problem(409, "Not releasable", "A request holds this key and may be running upstream now."),
+    });
+    let base = ["release", "--admin", &admin.url, "--route", "orders", "--key", "k1", "--scope-hash", SCOPE_HASH];
+    let run = keys(&base, &[WITH_TOKEN], None);
+    assert_eq!(run.code, Some(1), "{run:?}");
+    assert!(run.stderr.contains("409 Not releasable: A request holds this key"), "{run:?}");
+    let run = keys(&[&base[..], &["--force"]].concat(), &[WITH_TOKEN], None);
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert!(run.stdout.contains("released (was in_progress)"), "{run:?}");
+    let forced: Vec<Option<String>> = admin.requests().iter().map(|r| r.param("force")).collect();
+    assert_eq!(forced, [None, Some("true".to_owned())]);
+}
+
 // ---- List: paging, table, JSON ----
 
 /// Three records over two pages; the second page is asked for with a cursor that needs

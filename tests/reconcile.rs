@@ -718,7 +718,11 @@ async fn operators_list_held_keys_page_by_page_and_settle_them() {
             "/keys?route=orders&key=%22held%203%2F%3F%22",
             r#"{"status":201,"headers":{"content-length":"2"},"body":"{\"order_id\":1}"}"#,
         ),
-        (Method::PUT, "/keys?route=orders&key=%22held%203%2F%3F%22", r#"{"status":201,"headers":{"Transfer-Encoding":"chunked"}}"#),
+        (
+            Method::PUT,
+            "/keys?route=orders&key=%22held%203%2F%3F%22",
+            r#"{"status":201,"headers":{"Transfer-Encoding":"chunked"}}"#,
+        ),
         (Method::PUT, "/keys?route=orders&key=%22held%203%2F%3F%22", r#"{"status":204,"body":"x"}"#),
     ] {
         let scoped = [("authorization", bearer.as_str()), ("scope-authorization", AUTH)];
@@ -800,7 +804,8 @@ fn reconcile_is_refused_where_nothing_is_held_and_checked_everywhere() {
     .unwrap();
     assert!(fine.warning_lines("t").iter().all(|w| !w.contains("reconcile")), "{:?}", fine.warning_lines("t"));
     for status in [204, 205, 304] {
-        let toml = base(&format!("[routes.idempotency.reconcile]\npath = \"/l?key={{key}}\"\nanswer_status = {status}"));
+        let toml =
+            base(&format!("[routes.idempotency.reconcile]\npath = \"/l?key={{key}}\"\nanswer_status = {status}"));
         let warnings = idemgate::config::Config::from_toml(&toml, "t").unwrap().warning_lines("t");
         let said = warnings.iter().find(|w| w.contains("reconcile.answer_status")).expect("a warning");
         assert!(said.contains(&format!("{status} has no body")) && said.contains("without a Content-Length"), "{said}");

@@ -15,7 +15,8 @@ use idemgate::policy::fingerprint::Fingerprint;
 use idemgate::policy::scope::{self, MissingScope, ScopeSource};
 use idemgate::store::{
     Backend, Claim, Cursor, EntryState, Final, Held, IndexEntry, IndexKey, Lease, LookupEnd, LookupEnded, LookupStart,
-    MemoryStore, OwnerToken, QuotaKey, RecordKey, RedisStore, Renewal, Resolved, Sent, Settled, Store, StoredResponse,
+    MemoryStore, OwnerToken, Purged, QuotaKey, RecordKey, RedisStore, Renewal, Resolved, Sent, Settled, Store,
+    StoredResponse,
 };
 use support::cluster::RedisCluster;
 use support::redis::RedisServer;
@@ -173,7 +174,7 @@ async fn an_unknown_outcome_refuses_retries_until_purged(store: Backend, p: Stri
         assert!(matches!(claim(&store, &k, fp(1)).await, Claim::Unknown { attempt: 1 }));
     }
     assert!(matches!(claim(&store, &k, fp(2)).await, Claim::Mismatch), "422 is still checked first");
-    assert_eq!(store.purge(&k).await.unwrap(), Some("unknown"));
+    assert_eq!(store.purge(&k, false).await.unwrap(), Purged::Released { was: "unknown" });
     assert_eq!(acquire(&store, &k, fp(1), LEASE).await.attempt(), 2, "after reconciling, the next attempt");
 }
 
@@ -269,8 +270,8 @@ async fn get_describes_records_and_purge_releases_them(store: Backend, p: String
     let entry = store.get(&k).await.unwrap().unwrap();
     assert_eq!(entry.state, EntryState::Completed { status: 201, body_len: 5 });
     assert!(entry.attempt == 1 && entry.expires_in <= RETENTION);
-    assert_eq!(store.purge(&k).await.unwrap(), Some("completed"));
-    assert_eq!(store.purge(&k).await.unwrap(), None);
+    assert_eq!(store.purge(&k, false).await.unwrap(), Purged::Released { was: "completed" });
+    assert_eq!(store.purge(&k, false).await.unwrap(), Purged::Nothing);
     let entry = store.get(&k).await.unwrap().unwrap();
     assert_eq!((entry.state, entry.attempt), (EntryState::Released, 1));
 }
@@ -278,10 +279,31 @@ async fn get_describes_records_and_purge_releases_them(store: Backend, p: String
 async fn purged_claim_cannot_be_completed(store: Backend, p: String) {
     let k = record(&p, "a");
     let lease = acquire(&store, &k, fp(1), LEASE).await;
-    assert_eq!(store.purge(&k).await.unwrap(), Some("in_progress"));
+    assert_eq!(store.purge(&k, true).await.unwrap(), Purged::Released { was: "in_progress" });
     assert_eq!(store.renew(&lease).await.unwrap(), Renewal::Lost);
     assert_eq!(complete(&store, lease, &response(b"{}"), RETENTION).await, Settled::Lost);
     assert_eq!(store.get(&k).await.unwrap().unwrap().state, EntryState::Released);
+}
+
+/// A claim whose lease is live is a request running upstream: an operator's purge leaves it
+/// alone unless forced, in the same step that reads it. One whose lease passed is anyone's.
+async fn a_running_claim_is_purged_only_by_force(store: Backend, p: String) {
+    let k = record(&p, "running");
+    let lease = acquire(&store, &k, fp(1), LEASE).await;
+    match store.purge(&k, false).await.unwrap() {
+        Purged::Refused { lease_left } => assert!(lease_left > Duration::ZERO && lease_left <= LEASE, "{lease_left:?}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(store.renew(&lease).await.unwrap(), Renewal::Renewed, "still the owner's");
+    assert!(matches!(claim(&store, &k, fp(1)).await, Claim::InFlight { .. }), "a retry still waits for it");
+    assert_eq!(store.purge(&k, true).await.unwrap(), Purged::Released { was: "in_progress" });
+    assert_eq!(complete(&store, lease, &response(b"{}"), RETENTION).await, Settled::Lost);
+    // A lease that has passed: released without force, as the next claim would take it over.
+    let dead = record(&p, "dead");
+    let _gone = acquire(&store, &dead, fp(1), Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(store.purge(&dead, false).await.unwrap(), Purged::Released { was: "in_progress" });
+    assert_eq!(store.get(&dead).await.unwrap().unwrap().state, EntryState::Released);
 }
 
 async fn watch_fires_on_complete_and_release_of_its_key_only(store: Backend, p: String) {
@@ -379,7 +401,10 @@ async fn one_lookup_at_a_time_and_found_completes_the_record(store: Backend, p: 
     assert_eq!(store.begin_lookup(&record(&p, "absent"), &fp(1), theirs, LOOKUP).await.unwrap(), LookupStart::Moved);
     match store.get(&key).await.unwrap().unwrap().state {
         EntryState::Unknown { lookup, trusted_in } => {
-            assert!(lookup.is_some_and(|left| left > Duration::from_secs(3)), "the lookup shows, with its lease: {lookup:?}");
+            assert!(
+                lookup.is_some_and(|left| left > Duration::from_secs(3)),
+                "the lookup shows, with its lease: {lookup:?}"
+            );
             assert_eq!(trusted_in, Some(Duration::ZERO), "settled as trusted at once");
         }
         other => panic!("{other:?}"),
@@ -590,6 +615,7 @@ contract!(
     open_claims_expire_with_their_ttl,
     get_describes_records_and_purge_releases_them,
     purged_claim_cannot_be_completed,
+    a_running_claim_is_purged_only_by_force,
     watch_fires_on_complete_and_release_of_its_key_only,
     concurrent_claims_acquire_exactly_once,
     keys_are_independent,

@@ -13,7 +13,7 @@
 //! - renew sets the deadline to now + lease, and the expiry to now + ttl when less than a lease
 //!   is left of it; settle expires the record now + retention; release expires it now + ttl,
 //!   with attempt - 1 when the request was not sent (absent when that leaves attempt 0); purge
-//!   keeps the expiry;
+//!   keeps the expiry, and leaves a live lease alone unless forced (Refused{deadline - now});
 //! - a record whose expiry is <= now is absent.
 //!
 //! Renew, settle and release by anyone but the current owner are `Lost` and write nothing;
@@ -33,8 +33,8 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use idemgate::policy::fingerprint::Fingerprint;
 use idemgate::store::{
-    Claim, EntryState, Final, Lease, MemoryStore, OwnerToken, RecordKey, RedisStore, Renewal, Sent, Settled, Store,
-    StoredResponse,
+    Claim, EntryState, Final, Lease, MemoryStore, OwnerToken, Purged, RecordKey, RedisStore, Renewal, Sent, Settled,
+    Store, StoredResponse,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};
@@ -80,7 +80,7 @@ enum Op {
     Settle { lease: usize, end: End },
     Release { lease: usize, sent: bool },
     Get { key: usize },
-    Purge { key: usize },
+    Purge { key: usize, force: bool },
     Advance { ms: u64 },
 }
 
@@ -107,7 +107,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0..LEASE_INDICES, end()).prop_map(|(lease, end)| Op::Settle { lease, end }),
         1 => (0..LEASE_INDICES, any::<bool>()).prop_map(|(lease, sent)| Op::Release { lease, sent }),
         2 => (0..KEYS).prop_map(|key| Op::Get { key }),
-        1 => (0..KEYS).prop_map(|key| Op::Purge { key }),
+        1 => (0..KEYS, any::<bool>()).prop_map(|(key, force)| Op::Purge { key, force }),
         3 => prop::sample::select(&ADVANCES_MS[..]).prop_map(|ms| Op::Advance { ms }),
     ]
 }
@@ -164,7 +164,7 @@ enum Outcome {
         attempt: u32,
         expires_in_ms: u64,
     },
-    Purged(Option<&'static str>),
+    Purged(Purged),
     Advanced,
 }
 
@@ -235,6 +235,7 @@ struct Stats {
     executed_replays: u64,
     unknown_refused: u64,
     purged: u64,
+    purges_refused: u64,
     redis_renew_ties: u64,
     redis_renew_ties_raised: u64,
 }
@@ -394,18 +395,22 @@ impl Model {
         }
     }
 
-    fn purge(&mut self, key: usize, stats: &mut Stats) -> Outcome {
-        let Some(record) = &self.records[key] else { return Outcome::Purged(None) };
+    fn purge(&mut self, key: usize, force: bool, stats: &mut Stats) -> Outcome {
+        let Some(record) = &self.records[key] else { return Outcome::Purged(Purged::Nothing) };
         let was = match record {
+            Record::InProgress { deadline, .. } if !force && *deadline > self.now => {
+                stats.purges_refused += 1;
+                return Outcome::Purged(Purged::Refused { lease_left: Duration::from_millis(deadline - self.now) });
+            }
             Record::InProgress { .. } => "in_progress",
             Record::Completed { .. } => "completed",
             Record::Executed { .. } => "executed",
             Record::Unknown { .. } => "unknown",
-            Record::Released { .. } => return Outcome::Purged(None),
+            Record::Released { .. } => return Outcome::Purged(Purged::Nothing),
         };
         stats.purged += 1;
         self.records[key] = Some(Record::Released { attempt: record.attempt(), expires: record.expires() });
-        Outcome::Purged(Some(was))
+        Outcome::Purged(Purged::Released { was })
     }
 
     fn advance(&mut self, ms: u64, stats: &mut Stats) -> Outcome {
@@ -773,10 +778,16 @@ async fn run_case<S: Store>(
                 }
                 expected
             }
-            Op::Purge { key } => {
-                let expected = model.purge(key, stats);
-                let actual = store.purge(&keys[key]).await.map_err(|e| store_error(i, &trace, e))?;
-                if expected != Outcome::Purged(actual) {
+            Op::Purge { key, force } => {
+                let expected = model.purge(key, force, stats);
+                let actual = store.purge(&keys[key], force).await.map_err(|e| store_error(i, &trace, e))?;
+                let agrees = match (expected, actual) {
+                    (Outcome::Purged(Purged::Refused { lease_left: model }), Purged::Refused { lease_left }) => {
+                        clock.matches(u64::try_from(model.as_millis()).unwrap_or(u64::MAX), lease_left)
+                    }
+                    (expected, actual) => expected == Outcome::Purged(actual),
+                };
+                if !agrees {
                     return Err(fail(i, &trace, format!("model {expected:?}, store purged: {actual:?}")));
                 }
                 expected
@@ -870,7 +881,7 @@ fn renamed(ops: &[Op]) -> Vec<Op> {
         .map(|&op| match op {
             Op::Claim { key, fp } => Op::Claim { key: rename(&mut keys, key), fp: rename(&mut fps, fp) as u8 },
             Op::Get { key } => Op::Get { key: rename(&mut keys, key) },
-            Op::Purge { key } => Op::Purge { key: rename(&mut keys, key) },
+            Op::Purge { key, force } => Op::Purge { key: rename(&mut keys, key), force },
             other => other,
         })
         .collect()
@@ -908,7 +919,10 @@ fn simpler(ops: &[Op]) -> Vec<Vec<Op>> {
                 .chain((!sent).then_some(Op::Release { lease, sent: true }))
                 .collect(),
             Op::Get { key } => (0..key).map(|key| Op::Get { key }).collect(),
-            Op::Purge { key } => (0..key).map(|key| Op::Purge { key }).collect(),
+            Op::Purge { key, force } => (0..key)
+                .map(|key| Op::Purge { key, force })
+                .chain(force.then_some(Op::Purge { key, force: false }))
+                .collect(),
             Op::Advance { ms } => ADVANCES_MS.iter().filter(|&&m| m < ms).map(|&ms| Op::Advance { ms }).collect(),
         };
         for op in smaller {
@@ -930,7 +944,10 @@ fn assert_coverage(stats: &Stats) {
     assert!(stats.completed_expired_exactly > 0, "{stats:?}");
     assert!(stats.replays > 0 && stats.mismatches > 0 && stats.in_flight > 0, "{stats:?}");
     assert!(stats.released_claimed > 0 && stats.released_not_sent_gone > 0, "{stats:?}");
-    assert!(stats.executed_replays > 0 && stats.unknown_refused > 0 && stats.purged > 0, "{stats:?}");
+    assert!(
+        stats.executed_replays > 0 && stats.unknown_refused > 0 && stats.purged > 0 && stats.purges_refused > 0,
+        "{stats:?}"
+    );
 }
 
 #[test]
@@ -1009,7 +1026,7 @@ const EXAMPLE: &[(Op, Outcome)] = &[
     (Op::Settle { lease: 0, end: End::Unknown }, Outcome::Done),
     (Op::Claim { key: 0, fp: 1 }, Outcome::UnknownRefused { attempt: 2 }),
     (Op::Claim { key: 0, fp: 0 }, Outcome::Mismatch),
-    (Op::Purge { key: 0 }, Outcome::Purged(Some("unknown"))),
+    (Op::Purge { key: 0, force: false }, Outcome::Purged(Purged::Released { was: "unknown" })),
     (Op::Get { key: 0 }, Outcome::ReleasedEntry { attempt: 2, expires_in_ms: 30_000 }),
     // Key 1: a claim whose owner vanished expires with the open-claim ttl, exactly.
     (Op::Claim { key: 1, fp: 0 }, Outcome::Acquired { attempt: 1 }), // held: [D]
@@ -1029,9 +1046,10 @@ const EXAMPLE: &[(Op, Outcome)] = &[
     (Op::Advance { ms: 11_000 }, Outcome::Advanced), // 52 s in: 8 s of record left, less than a lease
     (Op::Renew { lease: 0 }, Outcome::Renewed),
     (Op::Get { key: 2 }, Outcome::InProgress { attempt: 1, lease_left_ms: 10_000, expires_in_ms: 60_000 }),
-    // Purge releases any record; the purged claim is lost to its owner.
-    (Op::Purge { key: 2 }, Outcome::Purged(Some("in_progress"))),
-    (Op::Purge { key: 2 }, Outcome::Purged(None)),
+    // A live claim is released only by force; the purged claim is lost to its owner.
+    (Op::Purge { key: 2, force: false }, Outcome::Purged(Purged::Refused { lease_left: Duration::from_secs(10) })),
+    (Op::Purge { key: 2, force: true }, Outcome::Purged(Purged::Released { was: "in_progress" })),
+    (Op::Purge { key: 2, force: false }, Outcome::Purged(Purged::Nothing)),
     (Op::Renew { lease: 0 }, Outcome::Lost),
     (Op::Release { lease: 0, sent: true }, Outcome::Lost),
 ];

@@ -72,8 +72,20 @@ enum Action {
     #[command(after_help = ENV_HELP)]
     Resolve(ResolveArgs),
     /// Release the record of one key: the next request with the key runs upstream again.
+    /// A key a running request holds is refused unless --force.
     #[command(after_help = ENV_HELP)]
-    Release(TargetArgs),
+    Release(ReleaseArgs),
+}
+
+#[derive(Args)]
+struct ReleaseArgs {
+    #[command(flatten)]
+    target: TargetArgs,
+    /// Release the key even while a request holds it. That request may be running upstream
+    /// now, and a retry would then run it a second time beside it: only when you know it is
+    /// not running (its gateway is gone, and the upstream never saw it).
+    #[arg(long)]
+    force: bool,
 }
 
 /// Where the admin listener is, and how to print its answers.
@@ -217,8 +229,8 @@ fn execute(action: Action) -> Result<(), Failure> {
             runtime.block_on(resolve(&client, &args, &scope, &body))
         }
         Action::Release(args) => {
-            let scope = caller_scope(&args.scope)?;
-            let client = AdminClient::new(&args.admin.admin, token)?;
+            let scope = caller_scope(&args.target.scope)?;
+            let client = AdminClient::new(&args.target.admin.admin, token)?;
             runtime.block_on(release(&client, &args, &scope))
         }
     }
@@ -348,9 +360,13 @@ async fn resolve(client: &AdminClient, args: &ResolveArgs, scope: &CallerScope, 
     Ok(())
 }
 
-async fn release(client: &AdminClient, args: &TargetArgs, scope: &CallerScope) -> Result<(), Failure> {
-    let doc = client.call(Method::DELETE, &target_query(args, scope), scope, None).await?.document()?;
-    if args.admin.json {
+async fn release(client: &AdminClient, args: &ReleaseArgs, scope: &CallerScope) -> Result<(), Failure> {
+    let mut query = target_query(&args.target, scope);
+    if args.force {
+        query.push_str("&force=true");
+    }
+    let doc = client.call(Method::DELETE, &query, scope, None).await?.document()?;
+    if args.target.admin.json {
         return emit(&format!("{doc}\n"));
     }
     let was = doc.get("was").and_then(Value::as_str).map(printable);

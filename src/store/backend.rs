@@ -9,7 +9,7 @@ use prometheus_client::metrics::histogram::Histogram;
 
 use super::{
     Claim, Cursor, Entry, Final, Held, IndexEntry, IndexKey, Lease, LookupEnd, LookupEnded, LookupStart, MemoryStore,
-    OwnerToken, Page, QuotaKey, RecordKey, RedisStore, Renewal, Resolved, Sent, Settled, Store, StoreError,
+    OwnerToken, Page, Purged, QuotaKey, RecordKey, RedisStore, Renewal, Resolved, Sent, Settled, Store, StoreError,
     StoredResponse, Watch,
 };
 use crate::config::{StoreBackendConfig, StoreConfig};
@@ -181,8 +181,8 @@ impl Store for Backend {
     async fn get(&self, key: &RecordKey) -> Result<Option<Entry>, StoreError> {
         delegate!(self, "get", s => s.get(key).await)
     }
-    async fn purge(&self, key: &RecordKey) -> Result<Option<&'static str>, StoreError> {
-        delegate!(self, "purge", s => s.purge(key).await)
+    async fn purge(&self, key: &RecordKey, force: bool) -> Result<Purged, StoreError> {
+        delegate!(self, "purge", s => s.purge(key, force).await)
     }
     async fn resolve(
         &self,

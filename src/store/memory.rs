@@ -19,7 +19,8 @@ use super::index::{expiry_score, live_start, unix_ms};
 use super::waiters::Waiters;
 use super::{
     Claim, Cursor, Entry, EntryState, Final, Held, IndexEntry, IndexKey, Lease, LookupEnd, LookupEnded, LookupStart,
-    OwnerToken, Page, QuotaKey, RecordKey, Renewal, Resolved, Sent, Settled, Store, StoreError, StoredResponse, Watch,
+    OwnerToken, Page, Purged, QuotaKey, RecordKey, Renewal, Resolved, Sent, Settled, Store, StoreError, StoredResponse,
+    Watch,
 };
 use crate::policy::fingerprint::Fingerprint;
 
@@ -475,21 +476,25 @@ impl Store for MemoryStore {
         Ok(indexes.get(index).map_or(0, |i| i.place.values().filter(|(h, s)| *h == held && *s >= now).count() as u64))
     }
 
-    async fn purge(&self, key: &RecordKey) -> Result<Option<&'static str>, StoreError> {
+    async fn purge(&self, key: &RecordKey, force: bool) -> Result<Purged, StoreError> {
         let released = {
             let mut inner = self.lock();
-            let Some(slot) = inner.entries.get_mut(key) else { return Ok(None) };
-            let name = match slot.entry_state(Instant::now()) {
-                EntryState::Released => return Ok(None),
+            let Some(slot) = inner.entries.get_mut(key) else { return Ok(Purged::Nothing) };
+            let was = match slot.entry_state(Instant::now()) {
+                EntryState::Released => return Ok(Purged::Nothing),
+                // A request holds it, and may be running upstream now.
+                EntryState::InProgress { lease_left } if !force && !lease_left.is_zero() => {
+                    return Ok(Purged::Refused { lease_left });
+                }
                 state => state.name(),
             };
             let weight = slot.weight();
             slot.state = State::Released;
             inner.bytes -= weight;
-            name
+            was
         };
         self.waiters.notify(key.as_str());
-        Ok(Some(released))
+        Ok(Purged::Released { was: released })
     }
 
     fn watch(&self, key: &RecordKey) -> Watch {

@@ -306,6 +306,24 @@ pub enum Resolved {
     },
 }
 
+/// The result of an operator's purge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purged {
+    /// Released; the state it had (`in_progress`, `completed`, `executed`, `unknown`).
+    Released {
+        /// The state it had.
+        was: &'static str,
+    },
+    /// Not released: a request holds the key, its lease live for `lease_left` (it may be
+    /// running upstream now), and the purge was not forced.
+    Refused {
+        /// Time left on the lease.
+        lease_left: Duration,
+    },
+    /// Nothing to release: no record, or one already released.
+    Nothing,
+}
+
 /// The result of renewing a lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Renewal {
@@ -496,9 +514,10 @@ pub trait Store: Send + Sync {
     /// How many entries the index holds in `held` (not yet expired).
     fn count(&self, index: &IndexKey, held: Held) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
-    /// Releases `key` whatever holds it, keeping its attempt count (an operator's purge).
-    /// Returns the state it released, `None` when there was nothing to release.
-    fn purge(&self, key: &RecordKey) -> impl Future<Output = Result<Option<&'static str>, StoreError>> + Send;
+    /// Releases `key`, keeping its attempt count (an operator's purge): any record but a
+    /// claim whose lease is live, which only a `force`d purge releases (its request may be
+    /// running upstream). The check and the release are one atomic step.
+    fn purge(&self, key: &RecordKey, force: bool) -> impl Future<Output = Result<Purged, StoreError>> + Send;
 
     /// Starts watching `key`: the returned [`Watch`] fires when the key is settled or
     /// released after this call. Register BEFORE re-reading the key, or a change between the

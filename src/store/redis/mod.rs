@@ -48,7 +48,8 @@ use super::index::unix_ms;
 use super::waiters::Waiters;
 use super::{
     Claim, Cursor, Entry, EntryState, Final, Held, IndexEntry, IndexKey, Lease, LookupEnd, LookupEnded, LookupStart,
-    OwnerToken, Page, QuotaKey, RecordKey, Renewal, Resolved, Sent, Settled, Store, StoreError, StoredResponse, Watch,
+    OwnerToken, Page, Purged, QuotaKey, RecordKey, Renewal, Resolved, Sent, Settled, Store, StoreError, StoredResponse,
+    Watch,
 };
 use crate::config::{RedisTarget as Target, RedisTls};
 use crate::policy::fingerprint::Fingerprint;
@@ -605,14 +606,19 @@ impl Store for RedisStore {
         u64::try_from(Reply::integer(reply.await?)?).map_err(|_| protocol("index count out of range"))
     }
 
-    async fn purge(&self, key: &RecordKey) -> Result<Option<&'static str>, StoreError> {
+    async fn purge(&self, key: &RecordKey, force: bool) -> Result<Purged, StoreError> {
         let reply = self.eval(&self.scripts.purge, key.as_str(), |cmd| {
-            cmd.arg(&self.channel);
+            cmd.arg(&self.channel).arg(if force { "1" } else { "0" });
         });
-        let mut items = Reply(vec![reply.await?].into_iter());
-        match state_name(&items.tag()?)? {
-            Some("released") => Err(protocol("purge reply: released")),
-            state => Ok(state),
+        let mut items = Reply::array(reply.await?)?;
+        match items.tag()?.as_slice() {
+            b"released" => match state_name(&items.tag()?)? {
+                Some("released") | None => Err(protocol("purge reply: released a released record")),
+                Some(was) => Ok(Purged::Released { was }),
+            },
+            b"refused" => Ok(Purged::Refused { lease_left: Duration::from_millis(items.int()?.max(1) as u64) }),
+            b"none" => Ok(Purged::Nothing),
+            other => Err(protocol(&format!("unknown purge reply {:?}", String::from_utf8_lossy(other)))),
         }
     }
 
