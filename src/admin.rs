@@ -557,6 +557,17 @@ fn capitalise(text: &str) -> String {
 }
 
 fn store_failed(gw: &Gateway, e: StoreError) -> Response<Body> {
+    if let StoreError::Rejected(why) = &e {
+        // The store answers: it is the command, not the store (logged by the store's health).
+        let detail = format!("The store refused the command: {why}. Nothing changed.");
+        return problem(
+            gw,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "admin-store-refused",
+            "Store refused the command",
+            &detail,
+        );
+    }
     tracing::debug!(error = %e, "admin: store unavailable");
     problem(
         gw,

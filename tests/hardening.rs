@@ -584,3 +584,42 @@ async fn a_key_a_running_request_holds_is_released_only_by_force_and_every_chang
         }
     }
 }
+
+/// docs/security.md, "admin input that is the client's fault reported as a store outage": a
+/// cursor no listing handed out is 400, and a command the store refuses (here a record name
+/// holding a key of another type) is logged as a refusal, never as the store going down;
+/// `/readyz` stays 200 throughout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clients_mistake_is_never_reported_as_a_store_outage() {
+    let upstream = TestUpstream::start().await;
+    let redis = support::redis::RedisServer::shared();
+    let prefix = support::unique("refused");
+    let store = format!("backend = \"redis\"\nurl = \"{}\"\nkey_prefix = \"{prefix}\"", redis.url());
+    let toml = Toml {
+        server: &format!("admin_token = \"{TOKEN}\""),
+        store: &store,
+        policy: "scope = \"global\"",
+        upstream_lines: "timeout = \"5s\"",
+        ..Toml::new(upstream.addr)
+    }
+    .render();
+    let gw = GatewayProc::start(&toml);
+    let admin = Client::new(gw.admin);
+    let bearer = format!("Bearer {TOKEN}");
+    for cursor in ["18446744073709551615.18446744073709551615", "1.99999999999", "9007199254740993.0"] {
+        let path = format!("/keys?route=orders&state=unknown&cursor={cursor}");
+        let r = admin.send(Method::GET, &path, &[("authorization", bearer.as_str())], "").await;
+        assert_eq!((r.status.as_u16(), r.problem().as_str()), (400, "admin-bad-request"), "{cursor}: {:?}", r.body);
+    }
+    // A record name that holds a list: Redis refuses the claim's commands (WRONGTYPE).
+    let name = support::record_key(&prefix, "wrong-type");
+    let _: () = ::redis::cmd("RPUSH").arg(name.as_str()).arg("x").query(&mut redis.connection()).unwrap();
+    let refused = gw.client().post_json("/orders", Some("wrong-type"), ORDER).await;
+    assert_eq!(refused.status, 503, "fail-closed: {:?}", refused.body);
+    assert_eq!(upstream.executions(), 0);
+    assert_eq!(admin.get("/readyz", &[]).await.status, 200);
+    assert_eq!(gw.lines_with("store refused a command", 1).len(), 1, "{}", gw.log());
+    assert!(!gw.log().contains("store stopped answering"), "{}", gw.log());
+    let _: () = ::redis::cmd("DEL").arg(name.as_str()).query(&mut redis.connection()).unwrap();
+    assert_eq!(gw.client().post_json("/orders", Some("wrong-type"), ORDER).await.status, 201);
+}

@@ -22,6 +22,14 @@ pub struct Health {
     /// Read on every successful call: one relaxed load while all is well.
     down: AtomicBool,
     outage: Mutex<Option<Outage>>,
+    /// Commands the store refused (it answers: no outage), and when that was last said.
+    refusals: Mutex<Refusals>,
+}
+
+#[derive(Default)]
+struct Refusals {
+    unsaid: u64,
+    said: Option<Instant>,
 }
 
 struct Outage {
@@ -38,6 +46,7 @@ impl Health {
             None if self.down.load(Ordering::Relaxed) => self.answered(),
             None => {}
             Some(e) if unavailable(e) => self.failed(e),
+            Some(e @ StoreError::Rejected(_)) => self.refused(e),
             // A reply the gateway could not read, a slot moving, a full memory store: the
             // store answers; each is logged where it matters.
             Some(_) => {}
@@ -65,6 +74,21 @@ impl Health {
             outage.last_summary = now;
             outage.failed_since_summary = 0;
         }
+    }
+
+    /// The store refused a command: said at once, then at most once per
+    /// [`SUMMARY_EVERY`] with how many more there were. A command the store refuses is a
+    /// bug or a misconfigured store (a disabled command, an ACL), not an outage.
+    fn refused(&self, error: &StoreError) {
+        let mut refusals = self.refusals.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        refusals.unsaid += 1;
+        let now = Instant::now();
+        if refusals.said.is_some_and(|at| now.duration_since(at) < SUMMARY_EVERY) {
+            return;
+        }
+        tracing::warn!(refused = refusals.unsaid, error = %error, "the store refused a command; it answers, so this is no outage: a bug, or a store that disables what the gateway needs");
+        refusals.unsaid = 0;
+        refusals.said = Some(now);
     }
 
     fn answered(&self) {
@@ -111,6 +135,18 @@ mod tests {
         health.saw(None);
         assert!(!health.is_down());
         assert!(health.outage.lock().unwrap().is_none());
+    }
+
+    #[test]
+    fn a_refused_command_is_no_outage() {
+        let health = Health::default();
+        for _ in 0..5 {
+            health.saw(Some(&StoreError::Rejected("ERR value is out of range".into())));
+        }
+        assert!(!health.is_down());
+        assert!(health.outage.lock().unwrap().is_none());
+        let refusals = health.refusals.lock().unwrap();
+        assert_eq!(refusals.unsaid, 4, "said once, then counted until the next summary");
     }
 
     #[test]

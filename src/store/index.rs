@@ -120,6 +120,11 @@ impl IndexEntry {
     }
 }
 
+/// The largest score a cursor may name: integers up to 2^53 are exact in a double.
+const MAX_SCORE: u64 = 1 << 53;
+/// The most entries tied on one score a cursor may skip.
+const MAX_SKIP: u64 = u32::MAX as u64;
+
 /// Where a page of the index starts: the score of the last entry listed, and how many entries
 /// with that score were listed (scores may tie).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -136,10 +141,15 @@ impl Cursor {
         format!("{}.{}", self.score, self.skip)
     }
 
-    /// Parses a cursor the admin API handed out.
+    /// Parses a cursor the admin API handed out; `None` for one it could not have: digits
+    /// only, a score a store keeps exactly (Redis scores are doubles) and a count of ties an
+    /// index can hold. (Out of those bounds Redis refuses the listing: a client's mistake
+    /// that must not read as the store being down.)
     pub fn decode(text: &str) -> Option<Self> {
         let (score, skip) = text.split_once('.')?;
-        Some(Self { score: score.parse().ok()?, skip: skip.parse().ok()? })
+        let number = |digits: &str| digits.bytes().all(|b| b.is_ascii_digit()).then(|| digits.parse::<u64>().ok())?;
+        let cursor = Self { score: number(score)?, skip: number(skip)? };
+        (cursor.score <= MAX_SCORE && cursor.skip <= MAX_SKIP).then_some(cursor)
     }
 
     /// The cursor after `entries` (scored) that followed `self`, if they filled the page.
@@ -206,6 +216,12 @@ mod tests {
         assert_eq!(Cursor::decode(&c.encode()), Some(c));
         assert_eq!(Cursor::decode("x.1"), None);
         assert_eq!(Cursor::decode("12"), None);
+        // Numbers no cursor handed out could hold, which Redis would refuse.
+        assert_eq!(Cursor::decode("18446744073709551615.18446744073709551615"), None);
+        assert_eq!(Cursor::decode("1.18446744073709551615"), None);
+        assert_eq!(Cursor::decode("9007199254740993.0"), None);
+        assert_eq!(Cursor::decode("+1.2"), None);
+        assert_eq!(Cursor::decode("1.-2"), None);
         assert_eq!(Cursor::after(None, &[5, 6, 6]), Some(Cursor { score: 6, skip: 2 }));
         // A page wholly inside one tied score carries the earlier skip on.
         assert_eq!(Cursor::after(Some(Cursor { score: 6, skip: 2 }), &[6, 6]), Some(Cursor { score: 6, skip: 4 }));

@@ -418,6 +418,10 @@ pub enum StoreError {
     /// The memory store is at its bound and holds only open claims.
     #[error("memory store is full")]
     Full,
+    /// The store answered and refused the command itself (an argument, a key of another
+    /// type, a script's error): not an outage, a bug or a misconfigured store.
+    #[error("store refused the command: {0}")]
+    Rejected(String),
 }
 
 /// The transitions of one key. Implementations must be atomic per call.

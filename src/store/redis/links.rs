@@ -342,7 +342,24 @@ pub(super) fn unavailable(e: redis::RedisError) -> StoreError {
     if e.is_cluster_error() {
         return StoreError::Migrating(e.to_string());
     }
+    if refused_command(&e) {
+        return StoreError::Rejected(e.to_string());
+    }
     StoreError::Unavailable(e.to_string())
+}
+
+/// Whether Redis answered and refused this one command (an argument out of range, a key of
+/// another type, a script's own error): the store is up, and taking the refusal for an outage
+/// would report one that is not there (and hide the bug that sent the command).
+fn refused_command(e: &redis::RedisError) -> bool {
+    // No code: the connection failed, or its reply could not be read.
+    let Some(code) = e.code() else { return false };
+    match code {
+        // The server can serve nothing like it now, whatever the arguments.
+        "LOADING" | "MASTERDOWN" | "READONLY" | "BUSY" | "OOM" | "MISCONF" | "NOREPLICAS" | "NOPERM" => false,
+        "ERR" => !e.detail().is_some_and(|d| d.contains("max number of clients")),
+        _ => true,
+    }
 }
 
 /// How to reach a Redis node by address: scheme, credentials, TLS files.
@@ -357,5 +374,41 @@ impl NodeAccess {
     pub fn client(&self, address: &Address) -> Result<redis::Client, StoreError> {
         let url = format!("{}://{address}", self.scheme);
         node_client(&url, &self.auth, self.certs.clone())
+    }
+}
+
+#[cfg(test)]
+mod classification {
+    use redis::{ErrorKind, RedisError, ServerErrorKind, make_extension_error};
+
+    use super::*;
+
+    #[test]
+    fn a_refused_command_is_no_outage_and_an_unavailable_server_is_one() {
+        let refused = [
+            RedisError::from((
+                ErrorKind::Server(ServerErrorKind::ResponseError),
+                "An error was signalled by the server",
+                "value is out of range, must be positive".to_owned(),
+            )),
+            make_extension_error("WRONGTYPE".into(), Some("Operation against a key holding the wrong kind".into())),
+        ];
+        for e in refused {
+            assert!(matches!(unavailable(e.clone()), StoreError::Rejected(_)), "{e}");
+        }
+        let down = [
+            RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused)),
+            RedisError::from((ErrorKind::Server(ServerErrorKind::BusyLoading), "loading")),
+            RedisError::from((ErrorKind::Server(ServerErrorKind::ReadOnly), "replica")),
+            make_extension_error("OOM".into(), Some("command not allowed when used memory > 'maxmemory'".into())),
+            RedisError::from((
+                ErrorKind::Server(ServerErrorKind::ResponseError),
+                "An error was signalled by the server",
+                "max number of clients reached".to_owned(),
+            )),
+        ];
+        for e in down {
+            assert!(matches!(unavailable(e.clone()), StoreError::Unavailable(_)), "{e}");
+        }
     }
 }
