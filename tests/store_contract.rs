@@ -285,6 +285,49 @@ async fn purged_claim_cannot_be_completed(store: Backend, p: String) {
     assert_eq!(store.get(&k).await.unwrap().unwrap().state, EntryState::Released);
 }
 
+/// A settle's reply may be lost after the store applied it, so its owner sends it again: the
+/// store answers `Done` for a record this owner settled with this outcome (also an unknown
+/// record a lookup has started on), and `Lost` for anybody else's: a takeover is never taken
+/// for a try that landed.
+async fn a_settle_sent_again_by_its_owner_is_done_and_a_takeover_is_lost(store: Backend, p: String) {
+    let answer = response(b"{\"order_id\":1}");
+    let k = record(&p, "again");
+    let lease = acquire(&store, &k, fp(1), LEASE).await;
+    assert_eq!(store.settle(&lease, Final::Response(&answer), RETENTION).await.unwrap(), Settled::Done);
+    assert_eq!(store.settle(&lease, Final::Response(&answer), RETENTION).await.unwrap(), Settled::Done, "again");
+    assert_eq!(
+        store.settle(&lease, Final::NotStored(&answer), RETENTION).await.unwrap(),
+        Settled::Lost,
+        "another outcome"
+    );
+    assert!(matches!(claim(&store, &k, fp(1)).await, Claim::Completed(_)));
+
+    let u = record(&p, "again-unknown");
+    let lease = acquire(&store, &u, fp(1), LEASE).await;
+    let unknown = Final::Unknown { trusted_in: Duration::ZERO };
+    assert_eq!(store.settle(&lease, unknown, RETENTION).await.unwrap(), Settled::Done);
+    assert!(matches!(
+        store.begin_lookup(&u, &fp(1), OwnerToken::generate(), LOOKUP).await.unwrap(),
+        LookupStart::Started { .. }
+    ));
+    assert_eq!(store.settle(&lease, unknown, RETENTION).await.unwrap(), Settled::Done, "with a lookup running");
+
+    // Purged and taken over: the first owner's settle finds the new owner's answer.
+    let t = record(&p, "taken-over");
+    let mine = acquire(&store, &t, fp(1), LEASE).await;
+    assert!(matches!(store.purge(&t, true).await.unwrap(), Purged::Released { .. }));
+    let theirs = acquire(&store, &t, fp(1), LEASE).await;
+    assert_eq!(theirs.attempt(), 2);
+    assert_eq!(store.settle(&theirs, Final::Response(&answer), RETENTION).await.unwrap(), Settled::Done);
+    assert_eq!(store.settle(&mine, Final::Response(&answer), RETENTION).await.unwrap(), Settled::Lost);
+    // And an operator's answer is nobody's settle.
+    let r = record(&p, "resolved");
+    let lease = acquire(&store, &r, fp(1), LEASE).await;
+    assert_eq!(store.settle(&lease, unknown, RETENTION).await.unwrap(), Settled::Done);
+    assert!(matches!(store.resolve(&r, &answer, RETENTION).await.unwrap(), Resolved::Done { .. }));
+    assert_eq!(store.settle(&lease, Final::Response(&answer), RETENTION).await.unwrap(), Settled::Lost);
+}
+
 /// A claim whose lease is live is a request running upstream: an operator's purge leaves it
 /// alone unless forced, in the same step that reads it. One whose lease passed is anyone's.
 async fn a_running_claim_is_purged_only_by_force(store: Backend, p: String) {
@@ -616,6 +659,7 @@ contract!(
     get_describes_records_and_purge_releases_them,
     purged_claim_cannot_be_completed,
     a_running_claim_is_purged_only_by_force,
+    a_settle_sent_again_by_its_owner_is_done_and_a_takeover_is_lost,
     watch_fires_on_complete_and_release_of_its_key_only,
     concurrent_claims_acquire_exactly_once,
     keys_are_independent,

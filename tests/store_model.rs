@@ -17,7 +17,8 @@
 //! - a record whose expiry is <= now is absent.
 //!
 //! Renew, settle and release by anyone but the current owner are `Lost` and write nothing;
-//! the owner may still settle after its own deadline as long as nobody took over.
+//! the owner may still settle after its own deadline as long as nobody took over, and a settle
+//! it sends again (its first reply lost) finds its own outcome and is `Done`.
 //!
 //! Time: the memory store reads tokio's clock, which is paused and advanced exactly. Redis
 //! keeps its own clock, which cannot be paused; see [`SHIFT`] for how the test moves it and
@@ -75,13 +76,35 @@ const REDIS_CASES: u32 = 2_000;
 /// One step of a generated sequence. `lease` picks a held lease handle (`index % held`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Op {
-    Claim { key: usize, fp: u8 },
-    Renew { lease: usize },
-    Settle { lease: usize, end: End },
-    Release { lease: usize, sent: bool },
-    Get { key: usize },
-    Purge { key: usize, force: bool },
-    Advance { ms: u64 },
+    Claim {
+        key: usize,
+        fp: u8,
+    },
+    Renew {
+        lease: usize,
+    },
+    Settle {
+        lease: usize,
+        end: End,
+    },
+    /// The last lease settled sends a settle again (its first reply was lost, say).
+    SettleAgain {
+        end: End,
+    },
+    Release {
+        lease: usize,
+        sent: bool,
+    },
+    Get {
+        key: usize,
+    },
+    Purge {
+        key: usize,
+        force: bool,
+    },
+    Advance {
+        ms: u64,
+    },
 }
 
 /// How a settle ends a claim: a stored response, an executed head, or unknown.
@@ -105,6 +128,7 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (0..KEYS, 0..FINGERPRINTS).prop_map(|(key, fp)| Op::Claim { key, fp }),
         2 => (0..LEASE_INDICES).prop_map(|lease| Op::Renew { lease }),
         2 => (0..LEASE_INDICES, end()).prop_map(|(lease, end)| Op::Settle { lease, end }),
+        1 => end().prop_map(|end| Op::SettleAgain { end }),
         1 => (0..LEASE_INDICES, any::<bool>()).prop_map(|(lease, sent)| Op::Release { lease, sent }),
         2 => (0..KEYS).prop_map(|key| Op::Get { key }),
         1 => (0..KEYS, any::<bool>()).prop_map(|(key, force)| Op::Purge { key, force }),
@@ -172,11 +196,38 @@ enum Outcome {
 
 #[derive(Debug, Clone)]
 enum Record {
-    InProgress { fp: u8, attempt: u32, owner: u64, deadline: u64, expires: u64 },
-    Completed { fp: u8, attempt: u32, response: usize, expires: u64 },
-    Executed { fp: u8, attempt: u32, response: usize, expires: u64 },
-    Unknown { fp: u8, attempt: u32, expires: u64 },
-    Released { attempt: u32, expires: u64 },
+    InProgress {
+        fp: u8,
+        attempt: u32,
+        owner: u64,
+        deadline: u64,
+        expires: u64,
+    },
+    /// `by`: the owner whose settle wrote it.
+    Completed {
+        fp: u8,
+        attempt: u32,
+        response: usize,
+        expires: u64,
+        by: u64,
+    },
+    Executed {
+        fp: u8,
+        attempt: u32,
+        response: usize,
+        expires: u64,
+        by: u64,
+    },
+    Unknown {
+        fp: u8,
+        attempt: u32,
+        expires: u64,
+        by: u64,
+    },
+    Released {
+        attempt: u32,
+        expires: u64,
+    },
 }
 
 impl Record {
@@ -236,6 +287,7 @@ struct Stats {
     unknown_refused: u64,
     purged: u64,
     purges_refused: u64,
+    settled_again: u64,
     redis_renew_ties: u64,
     redis_renew_ties_raised: u64,
 }
@@ -344,14 +396,25 @@ impl Model {
 
     fn settle(&mut self, key: usize, owner: u64, end: End, stats: &mut Stats) -> Outcome {
         let now = self.now;
+        // The same settle sent again by the owner that wrote the record: done already.
+        let again = match (&self.records[key], end) {
+            (Some(Record::Completed { by, .. }), End::Response(_))
+            | (Some(Record::Executed { by, .. }), End::Executed(_))
+            | (Some(Record::Unknown { by, .. }), End::Unknown) => *by == owner,
+            _ => false,
+        };
+        if again {
+            stats.settled_again += 1;
+            return Outcome::Done;
+        }
         let Some(&mut Record::InProgress { fp, attempt, .. }) = self.owned(key, owner, stats) else {
             return Outcome::Lost;
         };
         let expires = now + RETENTION_MS;
         self.records[key] = Some(match end {
-            End::Response(response) => Record::Completed { fp, attempt, response, expires },
-            End::Executed(response) => Record::Executed { fp, attempt, response, expires },
-            End::Unknown => Record::Unknown { fp, attempt, expires },
+            End::Response(response) => Record::Completed { fp, attempt, response, expires, by: owner },
+            End::Executed(response) => Record::Executed { fp, attempt, response, expires, by: owner },
+            End::Unknown => Record::Unknown { fp, attempt, expires, by: owner },
         });
         Outcome::Done
     }
@@ -639,6 +702,8 @@ async fn run_case<S: Store>(
     let responses = responses();
     let mut model = Model::default();
     let mut held: Vec<Held> = Vec::new();
+    // The last lease settled, kept so that it can send its settle again.
+    let mut last_settled: Option<Held> = None;
     let mut trace: Vec<Outcome> = Vec::new();
     stats.cases += 1;
 
@@ -714,8 +779,8 @@ async fn run_case<S: Store>(
                 expected
             }
             Op::Settle { lease, end } if !held.is_empty() => {
-                let Held { key, owner, lease } = held.remove(lease % held.len());
-                let expected = model.settle(key, owner, end, stats);
+                let h = held.remove(lease % held.len());
+                let expected = model.settle(h.key, h.owner, end, stats);
                 let executed;
                 let outcome = match end {
                     End::Response(r) => Final::Response(&responses[r]),
@@ -725,7 +790,24 @@ async fn run_case<S: Store>(
                     }
                     End::Unknown => Final::Unknown { trusted_in: Duration::ZERO },
                 };
-                let actual = store.settle(&lease, outcome, RETENTION).await.map_err(|e| store_error(i, &trace, e))?;
+                let actual = store.settle(&h.lease, outcome, RETENTION).await.map_err(|e| store_error(i, &trace, e))?;
+                settled(expected, actual).map_err(|what| fail(i, &trace, what))?;
+                last_settled = Some(h);
+                expected
+            }
+            Op::SettleAgain { end } if last_settled.is_some() => {
+                let Some(h) = &last_settled else { unreachable!() };
+                let expected = model.settle(h.key, h.owner, end, stats);
+                let executed;
+                let outcome = match end {
+                    End::Response(r) => Final::Response(&responses[r]),
+                    End::Executed(r) => {
+                        executed = head(&responses[r]);
+                        Final::NotStored(&executed)
+                    }
+                    End::Unknown => Final::Unknown { trusted_in: Duration::ZERO },
+                };
+                let actual = store.settle(&h.lease, outcome, RETENTION).await.map_err(|e| store_error(i, &trace, e))?;
                 settled(expected, actual).map_err(|what| fail(i, &trace, what))?;
                 expected
             }
@@ -739,7 +821,7 @@ async fn run_case<S: Store>(
                 settled(expected, actual).map_err(|what| fail(i, &trace, what))?;
                 expected
             }
-            Op::Renew { .. } | Op::Settle { .. } | Op::Release { .. } => Outcome::NoLease,
+            Op::Renew { .. } | Op::Settle { .. } | Op::SettleAgain { .. } | Op::Release { .. } => Outcome::NoLease,
             Op::Get { key } => {
                 let expected = model.get(key);
                 let actual = store.get(&keys[key]).await.map_err(|e| store_error(i, &trace, e))?;
@@ -914,6 +996,11 @@ fn simpler(ops: &[Op]) -> Vec<Vec<Op>> {
                     End::Unknown => vec![Op::Settle { lease, end: End::Response(0) }],
                 })
                 .collect(),
+            Op::SettleAgain { end } => match end {
+                End::Response(r) => (0..r).map(|r| Op::SettleAgain { end: End::Response(r) }).collect(),
+                End::Executed(r) => vec![Op::SettleAgain { end: End::Response(r) }],
+                End::Unknown => vec![Op::SettleAgain { end: End::Response(0) }],
+            },
             Op::Release { lease, sent } => (0..lease)
                 .map(|lease| Op::Release { lease, sent })
                 .chain((!sent).then_some(Op::Release { lease, sent: true }))
@@ -945,7 +1032,11 @@ fn assert_coverage(stats: &Stats) {
     assert!(stats.replays > 0 && stats.mismatches > 0 && stats.in_flight > 0, "{stats:?}");
     assert!(stats.released_claimed > 0 && stats.released_not_sent_gone > 0, "{stats:?}");
     assert!(
-        stats.executed_replays > 0 && stats.unknown_refused > 0 && stats.purged > 0 && stats.purges_refused > 0,
+        stats.executed_replays > 0
+            && stats.unknown_refused > 0
+            && stats.purged > 0
+            && stats.purges_refused > 0
+            && stats.settled_again > 0,
         "{stats:?}"
     );
 }

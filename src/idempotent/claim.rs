@@ -40,6 +40,7 @@ pub async fn claim(rt: &Runtime, ctx: &mut Ctx<'_>, fingerprint: &Fingerprint) -
     ctx.trace.store += spent.store;
     ctx.trace.wait += spent.wait;
     ctx.holder_ran = spent.holder_ran;
+    ctx.claim_sent = spent.last_sent.unwrap_or(ctx.claim_sent);
     claim
 }
 
@@ -53,6 +54,8 @@ struct Spent {
     wait: Duration,
     /// How long the holder had run at least, when the claim ended in flight.
     holder_ran: Duration,
+    /// When the last claim call was sent: a claim it made was applied no earlier.
+    last_sent: Option<Instant>,
 }
 
 async fn claim_or_wait(
@@ -70,9 +73,11 @@ async fn claim_or_wait(
         let started = Instant::now();
         let claim = store.claim(record, fingerprint, owner, policy.lease, ttl).await;
         guard.armed = false;
-        (claim, started.elapsed())
+        (claim, started)
     };
-    let (first, took) = claim_once().await;
+    let (first, sent) = claim_once().await;
+    let took = sent.elapsed();
+    spent.last_sent = Some(sent);
     spent.store += took;
     let mut claim = first?;
     let Claim::InFlight { lease_left } = claim else {
@@ -117,7 +122,9 @@ async fn claim_or_wait(
             watch.changed(deadline.min(now + lease_left)).await;
         }
         watch = Some(store.watch(record));
-        let (next, took) = claim_once().await;
+        let (next, sent) = claim_once().await;
+        let took = sent.elapsed();
+        spent.last_sent = Some(sent);
         spent.store += took;
         deadline += took.min(extension.saturating_sub(store_while_waiting));
         store_while_waiting += took;

@@ -31,4 +31,7 @@ pub struct Ctx<'a> {
     /// When the claim found the key still in flight after the wait: how long the request
     /// holding it had run at least (see `claim`).
     pub holder_ran: Duration,
+    /// When the last claim call was sent: a claim whose reply was lost (fail-open) was
+    /// applied no earlier, and its lease is counted from here.
+    pub claim_sent: tokio::time::Instant,
 }

@@ -75,7 +75,8 @@ pub async fn handle(
         };
     trace.record = Some(record.short().to_owned());
     let owner = OwnerToken::generate();
-    let mut ctx = Ctx { route, record, key, scope, fingerprint, owner, trace, holder_ran: Duration::ZERO };
+    let claim_sent = tokio::time::Instant::now();
+    let mut ctx = Ctx { route, record, key, scope, fingerprint, owner, trace, holder_ran: Duration::ZERO, claim_sent };
 
     let mut claimed = traced_claim(rt, &mut ctx, &fingerprint).await;
     // An unknown outcome on a route that reconciles: ask the upstream (once per request).
@@ -194,7 +195,8 @@ async fn store_failed(
             // exchange settles it and retries replay its answer; if not, settling finds
             // nothing. A ghost claim never lets a retry run it twice.
             let slots = admit::slots(rt, connection).ok_or(GatewayError::Overloaded)?;
-            let lease = Lease::new(ctx.record.clone(), ctx.owner, 0, policy.lease, policy.in_progress_ttl());
+            let lease =
+                Lease::new(ctx.record.clone(), ctx.owner, 0, policy.lease, policy.in_progress_ttl(), ctx.claim_sent);
             let admitted = Admitted { lease, confirmed: false, slots };
             let (parts, body) = request.into_parts();
             let mut response = forward::forward(rt, &mut ctx, admitted, parts, body, &connection.peer).await?;

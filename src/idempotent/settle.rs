@@ -10,10 +10,18 @@
 //! as the lease lasts ([`Settle::persist`], one policy for every write: settle, unknown,
 //! release): a store blip, a restart with its data kept, a Cluster slot migration or a
 //! failover that ends within the lease never lets an answered request run again. Between
-//! tries the lease is renewed when the store answers, which extends the window; the window is
-//! kept by this gateway's own monotonic clock, never Redis's, and ends a store timeout before
-//! the lease does (a try sent later could land after it). Past the window the key stays
-//! claimed until its lease passes, and the upstream's own constraint must catch a re-run.
+//! tries the lease is renewed when the store answers, which extends the window. The window is
+//! kept by this gateway's own monotonic clock, never Redis's, from when the claim (or the
+//! last renewal) was *sent*: the store applied it no earlier, so the lease lasts at least
+//! that long, and tries go on until then. A try sent near the end may land after the lease has
+//! passed; that is safe, since every write checks the state and the owner token: if a retry
+//! took the key over meanwhile, the try is refused. Past the window the key stays claimed
+//! until its lease passes, and the upstream's own constraint must catch a re-run.
+//!
+//! A try whose reply was lost may have been applied, so the next one may find the record
+//! already settled. The store answers `Done` when this owner settled it with this outcome,
+//! and `Lost` only when somebody else's claim or outcome is there: a takeover, counted and
+//! logged as `lease_lost`, never taken for a settle that landed.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -35,18 +43,16 @@ pub struct Settle<'a> {
     /// Whether the store confirmed the claim (see `Admitted::confirmed`): an unconfirmed
     /// claim that turns out lost was never made, and is not counted as a takeover.
     confirmed: bool,
-    /// When the lease ends at the latest, by this gateway's clock: from when the claim or the
-    /// last renewal was sent. (Shared with the renewals that run beside the exchange's work.)
+    /// When the lease ends at the earliest, by this gateway's clock: a lease after the claim
+    /// or the last renewal was sent, since the store applied it no earlier. (Shared with the
+    /// renewals that run beside the exchange's work.)
     lease_end: Mutex<Instant>,
 }
 
 impl<'a> Settle<'a> {
     /// Settling `lease` on `route` in `store`.
     pub fn new(route: &'a IdempotentRoute, store: &'a Backend, lease: &Lease, confirmed: bool) -> Self {
-        // The claim's reply arrived at `acquired`; the claim itself may have been applied up to
-        // a store timeout before.
-        let since = lease.acquired().checked_sub(store.call_timeout()).unwrap_or_else(|| lease.acquired());
-        Self { route, store, confirmed, lease_end: Mutex::new(since + lease.duration()) }
+        Self { route, store, confirmed, lease_end: Mutex::new(lease.sent() + lease.duration()) }
     }
 
     fn lease_end(&self) -> Instant {
@@ -56,7 +62,8 @@ impl<'a> Settle<'a> {
     /// A renewal sent at `sent` was applied: the lease now ends a lease after that, at the
     /// latest.
     fn renewed(&self, lease: &Lease, sent: Instant) {
-        *self.lease_end.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = sent + lease.duration();
+        let mut end = self.lease_end.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        *end = (*end).max(sent + lease.duration());
     }
 
     /// Runs `work` while renewing `lease` every third of its duration. A renewal runs between
@@ -111,9 +118,8 @@ impl<'a> Settle<'a> {
         // Boxed: the retry loop holds a store write, a renewal and a timer, and inline it would
         // swell every exchange's state (copied whole when the exchange is spawned) although it
         // runs only after the store failed. Measured: +22k instructions per first request.
-        let result =
-            Box::pin(self.persist(&lease, failed, || self.store.settle(&lease, outcome, self.route.policy.retention)))
-                .await;
+        let write = || self.store.settle(&lease, outcome, self.route.policy.retention);
+        let (result, _) = Box::pin(self.persist(&lease, failed, write)).await;
         self.logged("settle", result)
     }
 
@@ -137,7 +143,15 @@ impl<'a> Settle<'a> {
         self.route.metrics.released(reason);
         let (key, owner, ttl) = (lease.key(), lease.owner(), lease.release_ttl());
         // Boxed, as in `finish`.
-        let result = Box::pin(self.persist(&lease, 0, || self.store.release(key, owner, sent, ttl))).await;
+        let (result, failed) = Box::pin(self.persist(&lease, 0, || self.store.release(key, owner, sent, ttl))).await;
+        // A release is not told apart from a takeover: a first release (attempt 1, not sent)
+        // deletes the record, so a try that landed leaves nothing to recognise. `Lost` after
+        // a try that failed is taken as that try's work: what a release is for, letting the
+        // next request run, a takeover did as well, and it kept nothing the release would have.
+        let result = match result {
+            Ok(Settled::Lost) if failed > 0 => Ok(Settled::Done),
+            other => other,
+        };
         self.logged("release", result);
     }
 
@@ -165,10 +179,14 @@ impl<'a> Settle<'a> {
 
     /// Runs a store write after the claim, trying it again while it fails, for as long as
     /// the lease lasts (see the module docs); `failed` tries were made already. Between tries
-    /// the lease is renewed when the store answers. A try that failed may have been applied
-    /// all the same (its reply was lost), so `Lost` after a failed try means "written by that
-    /// try, or taken over": it is reported as `Done`, not as a takeover.
-    pub async fn persist<F, Fut>(&self, lease: &Lease, mut failed: u32, mut write: F) -> Result<Settled, StoreError>
+    /// the lease is renewed when the store answers. Returns the last try's result and how many
+    /// tries failed in all.
+    pub async fn persist<F, Fut>(
+        &self,
+        lease: &Lease,
+        mut failed: u32,
+        mut write: F,
+    ) -> (Result<Settled, StoreError>, u32)
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<Settled, StoreError>>,
@@ -179,17 +197,14 @@ impl<'a> Settle<'a> {
         let give_up = Instant::now() + lease.duration() * 3;
         loop {
             let error = match write().await {
-                Ok(Settled::Lost) if failed > 0 => return Ok(Settled::Done),
                 Err(e) => e,
-                done => return done,
+                done => return (done, failed),
             };
             failed += 1;
-            // A try sent after the window could land when the lease has passed; the last
-            // pause is cut short so that one more try still goes within it.
+            // The last pause is cut short so that one more try goes before the window ends.
             let now = Instant::now();
-            let window_end = self.lease_end().checked_sub(self.store.call_timeout()).filter(|end| *end > now);
-            let Some(window_end) = window_end.filter(|_| now < give_up) else {
-                return Err(error);
+            let Some(window_end) = Some(self.lease_end()).filter(|end| *end > now && now < give_up) else {
+                return (Err(error), failed);
             };
             tracing::debug!(route = %self.route.name, key = lease.key().short(), tries = failed, error = %error, "store write failed after the upstream answered; trying again");
             tokio::time::sleep(pause.min(window_end - now)).await;
@@ -199,7 +214,7 @@ impl<'a> Settle<'a> {
                 match self.store.renew(lease).await {
                     Ok(Renewal::Renewed) => self.renewed(lease, sent),
                     // Not ours any more: an earlier try was applied (its reply lost), or the
-                    // claim was taken over; one more try tells which.
+                    // claim was taken over; the next try tells which.
                     Ok(Renewal::Lost) | Err(_) => {}
                 }
             }

@@ -50,6 +50,9 @@ struct Slot {
     attempt: u32,
     expires: (Instant, u64),
     state: State,
+    /// The owner whose settle wrote a completed, executed or unknown state (`None` when a
+    /// lookup or an operator did): a settle sent again by that owner is answered `Done`.
+    settled_by: Option<OwnerToken>,
 }
 
 enum State {
@@ -232,16 +235,15 @@ impl Store for MemoryStore {
                     return Err(StoreError::Full);
                 }
                 let expires = inner.expiry_id(key, now + ttl);
-                inner
-                    .entries
-                    .insert(key.clone(), Slot { fingerprint: *fingerprint, attempt: 1, expires, state: claimed });
+                let slot = Slot { fingerprint: *fingerprint, attempt: 1, expires, state: claimed, settled_by: None };
+                inner.entries.insert(key.clone(), slot);
                 1
             }
         };
         if attempt > 1 {
             inner.set_expiry(key, now + ttl);
         }
-        Ok(Claim::Acquired(Lease::new(key.clone(), owner, attempt, lease, ttl)))
+        Ok(Claim::Acquired(Lease::new(key.clone(), owner, attempt, lease, ttl, now)))
     }
 
     async fn renew(&self, lease: &Lease) -> Result<Renewal, StoreError> {
@@ -276,9 +278,17 @@ impl Store for MemoryStore {
                 return Ok(Settled::Lost);
             };
             if !matches!(slot.state, State::InProgress { owner, .. } if owner == lease.owner) {
-                return Ok(Settled::Lost);
+                // Settled already by this owner with this outcome: an earlier try landed.
+                let same = matches!(
+                    (&slot.state, &outcome),
+                    (State::Completed(_), Final::Response(_))
+                        | (State::Executed(_), Final::NotStored(_))
+                        | (State::Unknown(_), Final::Unknown { .. })
+                );
+                return Ok(if same && slot.settled_by == Some(lease.owner) { Settled::Done } else { Settled::Lost });
             }
             slot.state = state;
+            slot.settled_by = Some(lease.owner);
             let weight = slot.weight();
             inner.bytes += weight;
             inner.set_expiry(&lease.key, now + retention);
@@ -347,6 +357,7 @@ impl Store for MemoryStore {
             };
             let old = slot.weight();
             slot.state = State::Completed(response.compact());
+            slot.settled_by = None;
             let new = slot.weight();
             inner.bytes = inner.bytes - old + new;
             inner.set_expiry(key, now + retention);
@@ -403,6 +414,7 @@ impl Store for MemoryStore {
                 }
                 LookupEnd::Found { response, retention } => {
                     slot.state = State::Completed(response.compact());
+                    slot.settled_by = None;
                     let weight = slot.weight();
                     inner.bytes += weight;
                     inner.set_expiry(key, now + retention);

@@ -139,19 +139,26 @@ pub struct Lease {
     attempt: u32,
     duration: Duration,
     ttl: Duration,
-    /// When the claim's reply arrived, by this gateway's monotonic clock: the lease began no
-    /// later than this.
-    acquired: tokio::time::Instant,
+    /// When the claim was sent, by this gateway's monotonic clock: the store applied it no
+    /// earlier, so the lease ends no earlier than this plus its duration.
+    sent: tokio::time::Instant,
 }
 
 impl Lease {
-    pub(crate) fn new(key: RecordKey, owner: OwnerToken, attempt: u32, duration: Duration, ttl: Duration) -> Self {
-        Self { key, owner, attempt, duration, ttl, acquired: tokio::time::Instant::now() }
+    pub(crate) fn new(
+        key: RecordKey,
+        owner: OwnerToken,
+        attempt: u32,
+        duration: Duration,
+        ttl: Duration,
+        sent: tokio::time::Instant,
+    ) -> Self {
+        Self { key, owner, attempt, duration, ttl, sent }
     }
 
-    /// When the claim's reply arrived (the lease began no later).
-    pub fn acquired(&self) -> tokio::time::Instant {
-        self.acquired
+    /// When the claim that made this lease was sent (the lease began no earlier).
+    pub fn sent(&self) -> tokio::time::Instant {
+        self.sent
     }
 
     /// The owner token.

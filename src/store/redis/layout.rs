@@ -8,8 +8,8 @@
 //! | 3..=12 | attempt, 10 decimal digits |
 //! | 13..=25 | lease mark, 13 decimal digits: the record's PTTL at which the lease ends (`p` only) |
 //! | 26..=57 | request fingerprint (zeros in a released tombstone) |
-//! | 58..=73 | owner token (`p` only; zeros otherwise) |
-//! | 74.. | the stored response (`c`: whole; `x`: status and headers); `u`: when it became unknown and when "not found" can be trusted (see `lua/lookup.lua`) |
+//! | 58..=73 | owner token: the claim's (`p`); the one whose settle wrote the record (`c`, `x`; zeros when a lookup or an operator did); a lookup's (`u`, zeros when none runs); zeros otherwise |
+//! | 74.. | the stored response (`c`: whole; `x`: status and headers); `u`: when it became unknown and when "not found" can be trusted (see `lua/lookup.lua`), then the owner whose settle made it unknown |
 //!
 //! An unknown record (`u`) uses the lease mark and the owner for the lookup that may be
 //! running on it (zeros when none is).
@@ -95,10 +95,13 @@ pub(super) fn claim(
     value
 }
 
-/// What an unknown record keeps after its header: its PTTL when it was settled (`retention`)
-/// and how long after that a lookup's "not found" can be trusted.
-pub(super) fn unknown_tail(retention_ms: u64, trusted_in_ms: u64) -> String {
-    format!("{retention_ms:013}{trusted_in_ms:013}")
+/// What an unknown record keeps after its header: its PTTL when it was settled (`retention`),
+/// how long after that a lookup's "not found" can be trusted, and the owner whose settle made
+/// it unknown (the owner field is a lookup's while one runs; see `lua/settle.lua`).
+pub(super) fn unknown_tail(retention_ms: u64, trusted_in_ms: u64, owner: &OwnerToken) -> Vec<u8> {
+    let mut tail = format!("{retention_ms:013}{trusted_in_ms:013}").into_bytes();
+    tail.extend_from_slice(owner.as_bytes());
+    tail
 }
 
 #[cfg(test)]

@@ -345,13 +345,15 @@ impl Store for RedisStore {
         // The common cases in one native command: an absent key is claimed, a settled one
         // answered from the reply. A claim in progress or a released tombstone needs a
         // compare-and-set (register a waiter, take over, count the attempt): the script.
+        // The lease began no earlier than this: counted from it, never from the reply.
+        let sent = tokio::time::Instant::now();
         let (lease_ms, ttl_ms) = (ms(lease), ms(ttl.max(lease)));
         let mut set = redis::cmd("SET");
         set.arg(key.as_str()).arg(layout::claim(1, ttl_ms, lease_ms, fingerprint, &owner));
         set.arg("NX").arg("GET").arg("PX").arg(ttl_ms);
         let existing: Option<Vec<u8>> = self.query(set, None).await?;
         let Some(existing) = existing else {
-            return Ok(Claim::Acquired(Lease::new(key.clone(), owner, 1, lease, ttl)));
+            return Ok(Claim::Acquired(Lease::new(key.clone(), owner, 1, lease, ttl, sent)));
         };
         let record = Record::parse(Bytes::from(existing))?;
         // The same order as claim.lua: a tombstone is claimable whatever the request; then the
@@ -371,7 +373,7 @@ impl Store for RedisStore {
             .await?;
         let mut items = Reply::array(reply)?;
         match items.tag()?.as_slice() {
-            b"acquired" => Ok(Claim::Acquired(Lease::new(key.clone(), owner, items.attempt()?, lease, ttl))),
+            b"acquired" => Ok(Claim::Acquired(Lease::new(key.clone(), owner, items.attempt()?, lease, ttl, sent))),
             b"completed" => Ok(Claim::Completed(items.response()?)),
             b"executed" => Ok(Claim::NotStored(items.response()?)),
             b"unknown" => Ok(Claim::Unknown { attempt: items.attempt()? }),
@@ -398,8 +400,8 @@ impl Store for RedisStore {
             Final::Response(r) => ("c", Some(r)),
             Final::NotStored(r) => ("x", Some(r)),
             Final::Unknown { trusted_in } => {
-                let tail =
-                    layout::unknown_tail(ms(retention), u64::try_from(trusted_in.as_millis()).unwrap_or(u64::MAX));
+                let trusted_ms = u64::try_from(trusted_in.as_millis()).unwrap_or(u64::MAX);
+                let tail = layout::unknown_tail(ms(retention), trusted_ms, &lease.owner);
                 let reply = self
                     .eval(&self.scripts.settle, lease.key.as_str(), |cmd| {
                         cmd.arg(&lease.owner.as_bytes()[..]).arg("u").arg(&tail).arg(ms(retention)).arg(&self.channel);
@@ -418,12 +420,9 @@ impl Store for RedisStore {
                 // it was written, expires with the claim.)
                 Err(StoreError::Migrating(e)) => {
                     tracing::debug!(key = lease.key.short(), error = %e, "large settle met a slot migration; settling in one key");
-                    return match self.settle_in_place(lease, state, response, retention).await {
-                        // The two-key try may have landed before its reply was lost: only a
-                        // later try can tell that apart from a takeover.
-                        Ok(Settled::Lost) => Err(StoreError::Migrating(e)),
-                        other => other,
-                    };
+                    // Had the two-key try landed after all, this one finds the record
+                    // settled by this owner and says so.
+                    return self.settle_in_place(lease, state, response, retention).await;
                 }
                 other => return other,
             }

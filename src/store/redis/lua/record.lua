@@ -10,8 +10,10 @@
 -- count; any request may claim it). The lease mark is the record's time to live
 -- (PTTL) at which the lease ends: the lease is live while PTTL > mark, so times are Redis's
 -- own expiry clock, never a gateway's. The flag is "1" when a duplicate waits, so that the
--- owner's settle or release publishes. An unknown record uses the lease mark and the owner for
--- a lookup (see lookup.lua), and keeps after its header when a "not found" can be trusted.
+-- owner's settle or release publishes. A completed or executed record keeps the owner whose
+-- settle wrote it. An unknown record uses the lease mark and the owner for a lookup (see
+-- lookup.lua), and keeps after its header when a "not found" can be trusted, then the owner
+-- whose settle made it unknown (see settle.lua).
 
 -- Positions (1-based, inclusive, as string.sub takes them). Plain numbers, not accessor
 -- functions: a script's chunk runs on every call, and each function it defines is a closure

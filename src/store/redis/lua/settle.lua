@@ -4,14 +4,21 @@
 -- KEYS[2]  (for a large response) the side key that holds it, behind room for the header
 -- ARGV[1]  owner token
 -- ARGV[2]  final state: "c" completed, "x" executed (body not stored), "u" outcome unknown
--- ARGV[3]  encoded response ("c": whole; "x": status and headers; "u", or in KEYS[2]: empty)
+-- ARGV[3]  encoded response ("c": whole; "x": status and headers; in KEYS[2]: empty); for "u"
+--          its times and this owner (see layout.rs)
 -- ARGV[4]  retention, ms
 -- ARGV[5]  notification channel
 --
 -- The record keeps its attempt and fingerprint (a different request is still 422); the lease
--- mark and the owner are cleared.
+-- mark is cleared, and the owner stays, as the one that settled it (for "u", at the end of the
+-- response part: the owner field is a lookup's while one runs).
 --
--- Reply: 1 settled, 0 lost
+-- The same settle may be sent again: a try whose reply was lost may have been applied. A
+-- record this owner already settled with this outcome answers 1 again, so that the gateway
+-- tells a try that landed from a takeover, which it must count and log.
+--
+-- Reply: 1 settled (now or by an earlier try), 0 lost (another owner's claim or outcome, a
+-- purge, an expiry)
 --
 -- record.lua comes before this text: the record's positions, its header() and its states.
 
@@ -22,10 +29,24 @@ if not v or string.sub(v, STATE, STATE) ~= 'p' or string.sub(v, OWNER_FROM, OWNE
   if aside then
     redis.call('DEL', aside)
   end
+  if v and string.sub(v, STATE, STATE) == ARGV[2] then
+    local by = string.sub(v, OWNER_FROM, OWNER_TO)
+    if ARGV[2] == 'u' then
+      by = string.sub(v, RESPONSE_FROM + 26, RESPONSE_FROM + 41)
+    end
+    if by == ARGV[1] then
+      return 1
+    end
+  end
   return 0
 end
 local settled = header(ARGV[2], false, tonumber(string.sub(v, ATTEMPT_FROM, ATTEMPT_TO)), 0,
-  string.sub(v, FINGERPRINT_FROM, FINGERPRINT_TO), NOBODY)
+  string.sub(v, FINGERPRINT_FROM, FINGERPRINT_TO), ARGV[1])
+if ARGV[2] == 'u' then
+  -- The owner field is for the lookups of an unknown record; its settler is in its tail.
+  settled = header('u', false, tonumber(string.sub(v, ATTEMPT_FROM, ATTEMPT_TO)), 0,
+    string.sub(v, FINGERPRINT_FROM, FINGERPRINT_TO), NOBODY)
+end
 if aside then
   -- The response is already in Redis: the header goes into the room left for it (in place),
   -- and the side key becomes the record. Neither copies the response.
