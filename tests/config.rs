@@ -507,6 +507,33 @@ fn the_admin_token_may_come_from_the_environment_and_a_public_admin_listener_is_
     assert!(stderr.contains("warning: server.admin_listen: 0.0.0.0:9090 is not a loopback address"), "{stderr}");
 }
 
+/// docs/security.md, "an admin token no client can send, or everyone knows": `check` refuses
+/// a token with a character outside visible ASCII (never printing it), counts characters, and
+/// warns about the sample token of `gateway.toml`.
+#[test]
+fn an_admin_token_is_visible_ascii_and_never_the_sample() {
+    let with =
+        |lines: &str| MINIMAL.replace("listen = \"127.0.0.1:8080\"", &format!("listen = \"127.0.0.1:8080\"\n{lines}"));
+    for (token, at) in [("éééééééééééééééé", 1), ("0123456789 abcdefgh", 11), ("0123456789abcdef\\u0007", 17)] {
+        let text = with(&format!("admin_token = \"{token}\""));
+        let (ok, _, stderr) = check(&text);
+        assert!(!ok, "{token:?}: {stderr}");
+        assert!(stderr.contains(&format!("server.admin_token: character {at} of the token is not visible ASCII")), "{stderr}");
+        assert!(!stderr.contains(token.trim()), "the token is never printed: {stderr}");
+    }
+    // Eight two-byte characters are 16 bytes, not 16 characters: refused for what they are.
+    let (ok, _, stderr) = check(&with("admin_token = \"ÿÿÿÿÿÿÿÿ\""));
+    assert!(!ok && stderr.contains("not visible ASCII"), "{stderr}");
+
+    let sample = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/gateway.toml")).unwrap();
+    let line = sample.lines().find(|l| l.contains("admin_token = ")).expect("gateway.toml shows an admin_token");
+    let (ok, _, stderr) = check(&with(line.trim_start_matches('#').trim()));
+    assert!(ok, "{stderr}");
+    assert!(stderr.contains("warning: server.admin_token: is the sample value from gateway.toml"), "{stderr}");
+    let (ok, _, stderr) = check(&with("admin_token = \"a-random-token-of-our-own-0123\""));
+    assert!(ok && !stderr.contains("server.admin_token"), "{stderr}");
+}
+
 #[test]
 fn check_command_reports_a_missing_file() {
     let out = Command::new(env!("CARGO_BIN_EXE_idemgate"))

@@ -14,6 +14,8 @@ pub const MAX_EXCHANGES: usize = 4096;
 pub const MAX_EXCHANGES_PER_CONNECTION: usize = 100;
 pub const MAX_RESET_STREAMS: usize = 100;
 pub const H2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
+/// The admin token `gateway.toml` shows as an example: anyone who has read it knows it.
+pub const SAMPLE_ADMIN_TOKEN: &str = "change-me-to-a-long-random-string";
 pub const PROBLEM_BASE: &str = "https://github.com/idemgate/idemgate/blob/main/docs/errors.md#";
 pub const STORE_TIMEOUT: Duration = Duration::from_secs(1);
 /// One multiplexed connection pipelines every concurrent call into shared writes; more

@@ -106,6 +106,13 @@ pub(super) fn body_limit(issues: &mut Issues, key: &str, value: Option<HumanSize
 ///   path.
 pub(super) fn warnings(config: &Config) -> Vec<Issue> {
     let mut out = Issues::default();
+    if config.server.admin_token.as_deref().map(str::trim) == Some(crate::config::defaults::SAMPLE_ADMIN_TOKEN) {
+        out.add(
+            "server.admin_token",
+            "is the sample value from gateway.toml, which anyone can read: whoever reaches the admin listener \
+             can resolve and release keys; set a random token of your own (e.g. openssl rand -hex 32)",
+        );
+    }
     if let Some(admin) = config.server.admin_listen
         && !admin.ip().is_loopback()
     {

@@ -38,10 +38,24 @@ pub(super) fn server(
         },
         (None, None) => None,
     };
-    if let Some((token, key)) = &admin_token
-        && token.trim().len() < 16
-    {
-        issues.add(*key, "the token must be at least 16 characters (it guards key purges)");
+    if let Some((token, key)) = &admin_token {
+        // What a client can send in `Authorization: Bearer ...`: visible ASCII, no spaces. The
+        // character itself is never printed: it is part of a secret.
+        let token = token.trim();
+        match token.chars().position(|c| !c.is_ascii_graphic()) {
+            Some(at) => issues.add(
+                *key,
+                format!(
+                    "character {} of the token is not visible ASCII: a token is letters, digits and visible \
+                     symbols (no spaces or other characters), which is all a client can send in a bearer header",
+                    at + 1
+                ),
+            ),
+            None if token.len() < 16 => {
+                issues.add(*key, "the token must be at least 16 characters (it guards key purges)");
+            }
+            None => {}
+        }
     }
     let admin_token = admin_token.map(|(token, _)| token);
     let problem_base = s.problem_base.clone().unwrap_or_else(|| defaults::PROBLEM_BASE.to_owned());
