@@ -1,6 +1,9 @@
 //! Admin listener: health, readiness, metrics, and inspect/purge of one key.
 //!
-//! It listens on its own address so that it can be kept off the public network. The key
+//! It listens on its own address so that it can be kept off the public network. Its
+//! connections are held to the proxy's header, idle and body timeouts and to a cap of their
+//! own (`admin_max_connections`): a flood on the admin port must never take the descriptors
+//! the proxy needs (see `server` and `descriptors`). The key
 //! endpoints can purge records (after which a retry would run again upstream), so they, and
 //! `/routes` and `/reload`, are off unless `server.admin_token` (or `admin_token_env`) is set,
 //! and then require `Authorization: Bearer <token>`.
@@ -27,18 +30,13 @@
 //! credential in the URL, where proxies and shells log it. Neither: a `global` route, or the
 //! anonymous scope.
 
-use std::convert::Infallible;
 use std::net::IpAddr;
 use std::sync::Arc;
 
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, header};
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
 use serde_json::json;
 use sha2::{Digest, Sha256};
-use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::body::{self, Body, BodyError};
@@ -68,28 +66,6 @@ impl Admin {
     }
 }
 
-/// Serves the admin listener until the process ends.
-pub async fn serve(listener: TcpListener, admin: Admin, draining: CancellationToken) {
-    let builder = auto::Builder::new(TokioExecutor::new());
-    loop {
-        let Ok((stream, peer)) = listener.accept().await else {
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            continue;
-        };
-        let admin = admin.clone();
-        let draining = draining.clone();
-        let service = service_fn(move |request| {
-            let admin = admin.clone();
-            let draining = draining.clone();
-            async move { Ok::<_, Infallible>(handle(&admin, &draining, peer.ip(), request).await) }
-        });
-        let conn = builder.serve_connection(TokioIo::new(stream), service).into_owned();
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
-    }
-}
-
 /// The admin endpoints and the methods each allows (HEAD wherever GET is).
 const ENDPOINTS: [(&str, &str); 7] = [
     ("/healthz", "GET, HEAD"),
@@ -101,7 +77,9 @@ const ENDPOINTS: [(&str, &str); 7] = [
     ("/keys", "GET, HEAD, PUT, DELETE"),
 ];
 
-async fn handle(
+/// Answers one admin request from `peer`. (Connections, their limits and timeouts are the
+/// server's, as for the proxy: see `server::serve_admin`.)
+pub async fn handle(
     admin: &Admin,
     draining: &CancellationToken,
     peer: IpAddr,

@@ -26,6 +26,8 @@
 //! - [`upstream`]: pooled http/https clients and request preparation;
 //! - [`connection`]: one client connection's limits: idle and head deadlines, exchanges,
 //!   abandoned requests;
+//! - [`descriptors`]: the listeners' connection caps, fitted into the process's
+//!   descriptor limit with a reserve for the store and the upstreams;
 //! - [`operator`]: what an operator tells the gateway about a held key (the answer of
 //!   `PUT /keys`), checked so that no answer can break a replay's framing;
 //! - [`store`]: the state of every key: claim, renew, settle, release (Redis with Lua, or
@@ -39,10 +41,11 @@
 //!   route, Prometheus metrics.
 //!
 //! The crate's surface is what the binary, the tests and the fuzz targets use: the
-//! configuration, the policy, the store, an operator's answer, and the server with its
-//! gateway.
+//! configuration, the policy, the store, an operator's answer, the descriptor budget, and
+//! the server with its gateway.
 
 pub mod config;
+pub mod descriptors;
 pub mod log_writer;
 pub mod operator;
 pub mod policy;

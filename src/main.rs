@@ -115,6 +115,14 @@ fn check(path: &std::path::Path) -> ExitCode {
     for warning in config.warning_lines(&path.display().to_string()) {
         eprintln!("{warning}");
     }
+    // The gateway raises its soft descriptor limit to the hard one when it starts: the caps
+    // must fit in that.
+    if let Some((_, hard)) = idemgate::descriptors::limits() {
+        let budget = idemgate::descriptors::Budget::fit(&config, hard);
+        if !budget.fits() {
+            eprintln!("{}: warning: server.max_connections: {}", path.display(), budget.shortfall(&config));
+        }
+    }
     let idempotent = config.routes.iter().filter(|r| r.idempotency.is_some()).count();
     println!(
         "{}: ok: routes {} ({} idempotent), upstreams {}",
@@ -138,6 +146,9 @@ fn serve(path: &std::path::Path, log_format: Option<LogFormat>) -> ExitCode {
     for warning in config.warning_lines(&path.display().to_string()) {
         tracing::warn!("{warning}");
     }
+    // Many systems start processes with a soft limit of 1024 descriptors whatever the hard
+    // limit allows; a server takes what it is allowed (the listeners' caps are fitted to it).
+    idemgate::descriptors::raise();
     // One thread asked for: the runtime is that thread, without a pool. A pool of one worker
     // still pays for the pool (a second thread that runs the accept loop, wake-ups handed
     // between them, the scheduler's work-stealing bookkeeping): measured, 10% more CPU per

@@ -24,7 +24,7 @@ use hyper_util::server::conn::auto;
 use slab::Slab;
 use thiserror::Error;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -32,6 +32,7 @@ use tokio_util::task::TaskTracker;
 use crate::admin::{self, Admin};
 use crate::config::{Config, Limits};
 use crate::connection::{Connection, Watched};
+use crate::descriptors::{self, Budget};
 use crate::forwarded::{Peer, TrustedProxies};
 use crate::gateway::{Gateway, SetupError};
 use crate::reload::Live;
@@ -68,6 +69,8 @@ pub struct Server {
     grace: Duration,
     limits: Limits,
     trusted: TrustedProxies,
+    /// The connection caps, fitted into the process's descriptor limit.
+    budget: Budget,
 }
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
@@ -91,6 +94,12 @@ impl Server {
             }
             None => None,
         };
+        // Without a readable limit, the caps are taken as configured.
+        let limit = descriptors::limits().map_or(u64::MAX, |(soft, _)| soft);
+        let budget = Budget::fit(config, limit);
+        if !budget.fits() {
+            tracing::warn!("{}", budget.shortfall(config));
+        }
         Ok(Self {
             live,
             listener,
@@ -98,6 +107,7 @@ impl Server {
             grace: config.server.shutdown_grace,
             limits: config.server.limits.clone(),
             trusted: config.server.trusted_proxies.clone(),
+            budget,
         })
     }
 
@@ -141,71 +151,57 @@ impl Server {
 
     /// Serves until `shutdown` completes, then drains (see the module docs).
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
-        let Self { live, listener, admin, grace, limits, trusted } = self;
+        let Self { live, listener, admin, grace, limits, trusted, budget } = self;
         let draining = CancellationToken::new();
-        let admin_task = admin.map(|(l, a)| tokio::spawn(admin::serve(l, a, draining.clone())));
+        let admin_task =
+            admin.map(|(l, a)| tokio::spawn(serve_admin(l, a, draining.clone(), limits.clone(), budget.admin)));
         let connections = TaskTracker::new();
         let open = Arc::new(Open::default());
         let builder = Arc::new(http_builder(&limits));
         // One permit per connection: with none left, the loop stops accepting and new clients
         // wait in the listen backlog instead of failing the connections already served.
-        let slots = Arc::new(Semaphore::new(limits.max_connections));
+        let places = Arc::new(Semaphore::new(budget.proxy));
+        let mut trouble = AcceptTrouble::new("proxy");
         tokio::pin!(shutdown);
         loop {
             let accepted = tokio::select! {
-                permit = Arc::clone(&slots).acquire_owned() => match permit {
-                    Ok(permit) => tokio::select! {
-                        accepted = listener.accept() => accepted.map(|a| (a, permit)),
-                        () = &mut shutdown => break,
-                    },
-                    // The semaphore is never closed.
-                    Err(_) => break,
-                },
+                accepted = accept(&listener, &places, &mut trouble) => accepted,
                 () = &mut shutdown => break,
             };
-            match accepted {
-                Ok(((stream, peer), permit)) => {
-                    let _ = stream.set_nodelay(true);
-                    let tls = live.tls();
-                    let peer = Peer::new(peer, &trusted);
-                    let peer = if tls.is_some() { peer.over_tls() } else { peer };
-                    let connection = Arc::new(Connection::new(peer, limits.clone(), Some(permit)));
-                    let registered = open.add(&connection);
-                    let (live, builder) = (Arc::clone(&live), Arc::clone(&builder));
-                    let handshake = limits.header_read_timeout;
-                    connections.spawn(async move {
-                        let _registered = registered;
-                        // Until the client sends its first byte, the connection holds this
-                        // small task and nothing of hyper's or TLS's (buffers, state): what a
-                        // silent client costs. Boxed, so that the task is only as large as
-                        // this wait until then.
-                        if !first_byte(&stream, &connection).await {
-                            return;
-                        }
-                        match tls {
-                            None => Box::pin(serve_connection(stream, connection, live, builder)).await,
-                            // The handshake counts against the header timeout, like a silent client.
-                            Some(acceptor) => {
-                                Box::pin(async move {
-                                    match tokio::time::timeout(handshake, acceptor.accept(stream)).await {
-                                        Ok(Ok(stream)) => serve_connection(stream, connection, live, builder).await,
-                                        Ok(Err(e)) => {
-                                            tracing::debug!(peer = %connection.peer.ip(), error = %e, "TLS handshake failed")
-                                        }
-                                        Err(_) => tracing::debug!(peer = %connection.peer.ip(), "TLS handshake timed out"),
-                                    }
-                                })
-                                .await
+            let (stream, peer, permit) = accepted;
+            let _ = stream.set_nodelay(true);
+            let tls = live.tls();
+            let peer = Peer::new(peer, &trusted);
+            let peer = if tls.is_some() { peer.over_tls() } else { peer };
+            let connection = Arc::new(Connection::new(peer, limits.clone(), Some(permit)));
+            let registered = open.add(&connection);
+            let (live, builder) = (Arc::clone(&live), Arc::clone(&builder));
+            let handshake = limits.header_read_timeout;
+            connections.spawn(async move {
+                let _registered = registered;
+                // Until the client sends its first byte, the connection holds this small task
+                // and nothing of hyper's or TLS's (buffers, state): what a silent client costs.
+                // Boxed, so that the task is only as large as this wait until then.
+                if !first_byte(&stream, &connection).await {
+                    return;
+                }
+                match tls {
+                    None => Box::pin(serve_proxy(stream, connection, live, builder)).await,
+                    // The handshake counts against the header timeout, like a silent client.
+                    Some(acceptor) => {
+                        Box::pin(async move {
+                            match tokio::time::timeout(handshake, acceptor.accept(stream)).await {
+                                Ok(Ok(stream)) => serve_proxy(stream, connection, live, builder).await,
+                                Ok(Err(e)) => {
+                                    tracing::debug!(peer = %connection.peer.ip(), error = %e, "TLS handshake failed")
+                                }
+                                Err(_) => tracing::debug!(peer = %connection.peer.ip(), "TLS handshake timed out"),
                             }
-                        }
-                    });
+                        })
+                        .await
+                    }
                 }
-                Err(e) => {
-                    // Out of file descriptors and the like: back off instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }
+            });
         }
         drop(listener);
         draining.cancel();
@@ -295,9 +291,114 @@ async fn first_byte(stream: &TcpStream, connection: &Connection) -> bool {
     .await
 }
 
-/// Serves one connection until it ends, its deadline passes (see [`Connection`]), it asks to
-/// close, or the server drains.
-async fn serve_connection<IO>(
+/// Waits for a place under the listener's cap, then for a connection: a listener never holds
+/// more connections than it has places, and past its cap new clients wait in the backlog.
+/// Errors are backed off (see [`AcceptTrouble`]).
+async fn accept(
+    listener: &TcpListener,
+    places: &Arc<Semaphore>,
+    trouble: &mut AcceptTrouble,
+) -> (TcpStream, SocketAddr, OwnedSemaphorePermit) {
+    loop {
+        // The semaphore is never closed; were it, accepting would go on without a cap.
+        let Ok(permit) = Arc::clone(places).acquire_owned().await else { continue };
+        match listener.accept().await {
+            Ok((stream, peer)) => {
+                trouble.cleared();
+                return (stream, peer, permit);
+            }
+            Err(e) => {
+                let pause = trouble.failed(&e);
+                drop(permit);
+                tokio::time::sleep(pause).await;
+            }
+        }
+    }
+}
+
+/// What went wrong accepting on one listener, said once per interval rather than once per
+/// try. Out of descriptors (`EMFILE`, `ENFILE`), every accept fails at once while the client
+/// stays in the backlog: without a pause the loop spins, and a line per try buries the log.
+struct AcceptTrouble {
+    listener: &'static str,
+    pause: Duration,
+    failed: u64,
+    said: Option<Instant>,
+}
+
+/// The first pause after a failed accept, doubling while they go on, up to the second.
+const ACCEPT_PAUSE: Duration = Duration::from_millis(10);
+const ACCEPT_PAUSE_MAX: Duration = Duration::from_secs(1);
+/// The longest silence while accepts keep failing.
+const ACCEPT_SAY_EVERY: Duration = Duration::from_secs(10);
+
+impl AcceptTrouble {
+    fn new(listener: &'static str) -> Self {
+        Self { listener, pause: ACCEPT_PAUSE, failed: 0, said: None }
+    }
+
+    fn cleared(&mut self) {
+        self.pause = ACCEPT_PAUSE;
+    }
+
+    /// Notes `error`; the pause before the next accept.
+    fn failed(&mut self, error: &std::io::Error) -> Duration {
+        // A client that left before it was accepted: nothing wrong with the listener.
+        if matches!(error.kind(), std::io::ErrorKind::ConnectionAborted | std::io::ErrorKind::ConnectionReset) {
+            tracing::debug!(listener = self.listener, error = %error, "a connection went away before it was accepted");
+            return Duration::ZERO;
+        }
+        self.failed += 1;
+        let now = Instant::now();
+        if self.said.is_none_or(|at| now.duration_since(at) >= ACCEPT_SAY_EVERY) {
+            let exhausted = matches!(error.raw_os_error(), Some(libc::EMFILE | libc::ENFILE));
+            if exhausted {
+                tracing::warn!(listener = self.listener, error = %error, failed = self.failed, "accept failed: the process is out of file descriptors; backing off (raise RLIMIT_NOFILE or lower max_connections)");
+            } else {
+                tracing::warn!(listener = self.listener, error = %error, failed = self.failed, "accept failed; backing off");
+            }
+            self.said = Some(now);
+            self.failed = 0;
+        }
+        let pause = self.pause;
+        self.pause = (self.pause * 2).min(ACCEPT_PAUSE_MAX);
+        pause
+    }
+}
+
+/// Serves the admin listener until the process ends: its connections under its own cap and
+/// the same header, idle and body deadlines as the proxy's (one [`Connection`] each), so that
+/// a flood on the admin port neither starves the proxy of descriptors nor holds connections
+/// open for as long as it likes.
+async fn serve_admin(listener: TcpListener, admin: Admin, draining: CancellationToken, limits: Limits, cap: usize) {
+    let builder = Arc::new(http_builder(&limits));
+    let places = Arc::new(Semaphore::new(cap));
+    let mut trouble = AcceptTrouble::new("admin");
+    loop {
+        let (stream, peer, permit) = accept(&listener, &places, &mut trouble).await;
+        let connection =
+            Arc::new(Connection::new(Peer::new(peer, &TrustedProxies::default()), limits.clone(), Some(permit)));
+        let (admin, draining, builder) = (admin.clone(), draining.clone(), Arc::clone(&builder));
+        tokio::spawn(async move {
+            if !first_byte(&stream, &connection).await {
+                return;
+            }
+            let c = Arc::clone(&connection);
+            let service = service_fn(move |request: Request<Incoming>| {
+                let (admin, draining, c) = (admin.clone(), draining.clone(), Arc::clone(&c));
+                async move {
+                    let guard = c.request(request.version() == Version::HTTP_2);
+                    let response = admin::handle(&admin, &draining, c.peer.ip(), request).await;
+                    Ok::<_, Infallible>(response.map(|body| guard.answered(body)))
+                }
+            });
+            serve_connection(stream, connection, &builder, service).await;
+        });
+    }
+}
+
+/// Serves one proxy connection: each request through the gateway of the moment.
+async fn serve_proxy<IO>(
     stream: IO,
     connection: Arc<Connection>,
     live: Arc<Live>,
@@ -315,6 +416,24 @@ async fn serve_connection<IO>(
             Ok::<_, Infallible>(response.map(|body| guard.answered(body)))
         }
     });
+    serve_connection(stream, connection, &builder, service).await;
+}
+
+/// Serves one connection with `service` until it ends, its deadline passes (see
+/// [`Connection`]), it asks to close, or the server drains.
+async fn serve_connection<IO, S, B>(
+    stream: IO,
+    connection: Arc<Connection>,
+    builder: &auto::Builder<TokioExecutor>,
+    service: S,
+) where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    S: hyper::service::Service<Request<Incoming>, Response = http::Response<B>, Error = Infallible> + Send + 'static,
+    S::Future: Send + 'static,
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let io = TokioIo::new(Watched::new(stream, Arc::clone(&connection)));
     let conn = builder.serve_connection_with_upgrades(io, service);
     tokio::pin!(conn);

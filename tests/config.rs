@@ -465,9 +465,11 @@ fn check_warns_about_leases_that_undermine_the_guarantee_but_accepts_them() {
         "{stderr}"
     );
     assert!(stderr.contains("is less than 3 × store.timeout (1s)"), "{stderr}");
-    // The minimal file holds unknown outcomes without a lookup: that, and nothing else.
+    // The minimal file holds unknown outcomes without a lookup: that, and nothing else (but
+    // for the default max_connections on a machine with too few file descriptors for it).
     let (ok, _, stderr) = check(MINIMAL);
-    let warnings: Vec<&str> = stderr.lines().filter(|l| l.contains("warning")).collect();
+    let warnings: Vec<&str> =
+        stderr.lines().filter(|l| l.contains("warning") && !l.contains("file descriptors")).collect();
     assert!(ok && warnings.len() == 1, "{stderr}");
     assert!(
         warnings[0].contains("routes[0].idempotency: holds unknown outcomes without [routes.idempotency.reconcile]")
@@ -514,11 +516,15 @@ fn the_admin_token_may_come_from_the_environment_and_a_public_admin_listener_is_
 fn an_admin_token_is_visible_ascii_and_never_the_sample() {
     let with =
         |lines: &str| MINIMAL.replace("listen = \"127.0.0.1:8080\"", &format!("listen = \"127.0.0.1:8080\"\n{lines}"));
-    for (token, at) in [("éééééééééééééééé", 1), ("0123456789 abcdefgh", 11), ("0123456789abcdef\\u0007", 17)] {
+    for (token, at) in [("éééééééééééééééé", 1), ("0123456789 abcdefgh", 11), ("0123456789abcdef\\u0007", 17)]
+    {
         let text = with(&format!("admin_token = \"{token}\""));
         let (ok, _, stderr) = check(&text);
         assert!(!ok, "{token:?}: {stderr}");
-        assert!(stderr.contains(&format!("server.admin_token: character {at} of the token is not visible ASCII")), "{stderr}");
+        assert!(
+            stderr.contains(&format!("server.admin_token: character {at} of the token is not visible ASCII")),
+            "{stderr}"
+        );
         assert!(!stderr.contains(token.trim()), "the token is never printed: {stderr}");
     }
     // Eight two-byte characters are 16 bytes, not 16 characters: refused for what they are.

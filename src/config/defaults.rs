@@ -9,6 +9,7 @@ pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 pub const MAX_CONNECTIONS: usize = 10_000;
+pub const ADMIN_MAX_CONNECTIONS: usize = 64;
 pub const MAX_HEADER_BYTES: u64 = 64 << 10;
 pub const MAX_EXCHANGES: usize = 4096;
 pub const MAX_EXCHANGES_PER_CONNECTION: usize = 100;

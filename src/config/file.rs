@@ -126,6 +126,8 @@ pub struct ServerSection {
     pub idle_timeout: Option<HumanDuration>,
     /// Connections served at once; further ones wait in the listen backlog.
     pub max_connections: Option<usize>,
+    /// Connections the admin listener serves at once; further ones wait in its backlog.
+    pub admin_max_connections: Option<usize>,
     /// Largest request head (431 above it).
     pub max_header_bytes: Option<HumanSize>,
     /// Upstream exchanges of idempotent routes running at once (503 above it).

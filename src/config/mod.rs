@@ -109,6 +109,8 @@ pub struct Limits {
     pub idle_timeout: Duration,
     /// Connections served at once.
     pub max_connections: usize,
+    /// Connections the admin listener serves at once.
+    pub admin_max_connections: usize,
     /// Largest request head, in bytes.
     pub max_header_bytes: usize,
     /// Upstream exchanges running at once, in all.
@@ -131,6 +133,7 @@ impl Limits {
             body_read_timeout: Duration::from_secs(30),
             idle_timeout: Duration::from_secs(60),
             max_connections: 10,
+            admin_max_connections: 4,
             max_header_bytes: 1 << 16,
             max_exchanges: 10,
             max_exchanges_per_connection: 2,

@@ -32,12 +32,35 @@ impl GatewayProc {
 
     /// Starts the binary with `toml`, extra arguments and extra environment variables.
     pub fn start_full(toml: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
+        Self::start_in(toml, args, env, None)
+    }
+
+    /// Starts the binary with `toml`, allowed `nofile` file descriptors at most (its soft and
+    /// hard `RLIMIT_NOFILE`, as `prlimit --nofile=N` sets them).
+    pub fn start_limited(toml: &str, nofile: u64) -> Self {
+        Self::start_in(toml, &[], &[], Some(nofile))
+    }
+
+    fn start_in(toml: &str, args: &[&str], env: &[(&str, &str)], nofile: Option<u64>) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("gateway.toml");
         std::fs::write(&path, toml).unwrap();
         let mut cmd = Command::new(binary());
         cmd.arg("--config").arg(&path).args(args).env("RUST_LOG", "info");
         cmd.envs(env.iter().copied());
+        if let Some(n) = nofile {
+            use std::os::unix::process::CommandExt;
+            // In the child, before exec: only async-signal-safe calls.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let limit = libc::rlimit { rlim_cur: n, rlim_max: n };
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         let mut child = spawn_tied(cmd).expect("start idemgate");
         let stdout = child.stdout.take().unwrap();

@@ -113,6 +113,13 @@ fn limits(s: &file::ServerSection, issues: &mut Issues) -> Option<Limits> {
         ),
         idle_timeout: positive_duration(issues, "server.idle_timeout", s.idle_timeout, defaults::IDLE_TIMEOUT),
         max_connections: count(issues, "max_connections", s.max_connections, defaults::MAX_CONNECTIONS, 1 << 20),
+        admin_max_connections: count(
+            issues,
+            "admin_max_connections",
+            s.admin_max_connections,
+            defaults::ADMIN_MAX_CONNECTIONS,
+            1 << 16,
+        ),
         max_header_bytes: usize::try_from(max_header_bytes).ok()?,
         max_exchanges: count(issues, "max_exchanges", s.max_exchanges, defaults::MAX_EXCHANGES, 1 << 20),
         max_exchanges_per_connection: count(
