@@ -82,6 +82,9 @@ impl Gateway {
         }
         metrics.register_store_latency(store.call_latency());
         let telemetry = config.telemetry.as_ref().map(Telemetry::start).transpose()?;
+        if let Some(telemetry) = &telemetry {
+            metrics.register_telemetry_drops(telemetry.dropped());
+        }
         let runtime =
             Runtime::new(store, metrics, config.server.limits.max_exchanges, &config.store.key_prefix, telemetry);
         Self::build(config, Arc::new(runtime))
@@ -188,7 +191,8 @@ impl Gateway {
         };
         let mut trace = Trace::default();
         if let Some(telemetry) = &self.runtime.telemetry {
-            trace.span = telemetry.begin(request.headers(), connection.peer.trusted(), &routed.route().name, &method);
+            let trusted = connection.peer.trusted();
+            trace.span = telemetry.begin(request.headers_mut(), trusted, &routed.route().name, &method);
         }
         let result = match routed {
             Routed::Plain(route) => {

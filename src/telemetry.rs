@@ -6,31 +6,47 @@
 //! the request is not traced, and with the gateway's own span as the parent when it is, so the
 //! upstream's spans hang under the gateway's in the trace of a slow checkout.
 //!
-//! The hazard is the client's `sampled` flag: believed from anyone, any client could have
-//! every one of its requests exported. It is believed only from `server.trusted_proxies`;
-//! otherwise `sample_ratio` decides, on the trace id (so every gateway on a trace decides
-//! alike). Attributes name the route, the outcome, the attempt and the record's hash, never the
-//! key or a credential.
+//! The hazard is a client steering what is exported. Its `sampled` flag, believed from
+//! anyone, would have every one of its requests exported; and a decision made on its trace id
+//! (the id's low bits against `sample_ratio`) is the client's to choose, since it picks the
+//! id. So only a peer in `server.trusted_proxies` continues its trace, with its decision. For
+//! anyone else the gateway starts a trace of its own, sampled by `sample_ratio` on a draw of
+//! its own, with a span link to the client's context: the client's trace still leads to the
+//! gateway's, and a trace is decided once, by the gateway that starts it (a gateway behind
+//! another trusts it as a proxy and follows its decision). `tracestate` is kept within W3C's
+//! bounds (512 characters, 32 members) in what is forwarded and what is exported: a client's
+//! 6.5 KB of it was 15 KB of export per request. Attributes name the route, the outcome, the
+//! attempt and the record's hash, never the key or a credential.
 //!
 //! Off by default, and then free: without `[telemetry]` nothing here runs and no span is
 //! built. Spans leave in batches from a background thread; the export itself runs on the
 //! gateway's runtime, with the same hyper client and TLS stack as its upstreams, and what is
-//! left is flushed on shutdown.
+//! left is flushed on shutdown. The queue is bounded; a span that finds it full, and the spans
+//! of an export that failed (the collector down, slow or refusing), are counted in
+//! `idemgate_telemetry_spans_dropped_total{reason}` and said in the log once per interval.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use http::{HeaderMap, HeaderValue};
 use http_body_util::BodyExt;
 use opentelemetry::propagation::{Extractor, TextMapPropagator};
-use opentelemetry::trace::{Span as _, SpanContext, SpanKind, Status, TraceContextExt, TraceFlags, Tracer as _};
+use opentelemetry::trace::{Link, Span as _, SpanKind, Status, TraceContextExt, Tracer as _};
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_http::{Bytes, HttpClient, HttpError, Request, Response};
 use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use opentelemetry_sdk::trace::{Sampler, SdkTracer, SdkTracerProvider};
+use opentelemetry_sdk::trace::{
+    BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracer, SdkTracerProvider, SpanData, SpanExporter,
+    SpanProcessor,
+};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 
 use crate::body;
 use crate::config::{TelemetryConfig, UpstreamConfig};
@@ -40,13 +56,30 @@ use crate::upstream::Upstream;
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The largest collector answer read.
 const MAX_ANSWER: usize = 64 * 1024;
+/// Spans waiting to be exported, at most; past it, spans are dropped (and counted).
+const MAX_QUEUE: usize = 2048;
+/// The longest silence while spans are being dropped.
+const SAY_DROPS_EVERY: Duration = Duration::from_secs(10);
+/// W3C Trace Context's bounds on a `tracestate` a vendor propagates: its length in
+/// characters, its members, and a member that is dropped first when it must be cut.
+const TRACESTATE_MAX_LEN: usize = 512;
+const TRACESTATE_MAX_MEMBERS: usize = 32;
+const TRACESTATE_LONG_MEMBER: usize = 128;
 
 /// The exporter and the sampling rule, shared by every request.
 pub struct Telemetry {
     provider: SdkTracerProvider,
     tracer: SdkTracer,
-    /// `sample_ratio` as a bound on the trace id's low 64 bits.
+    /// `sample_ratio` as a bound on a random 64-bit draw.
     sample_below: u64,
+    /// Spans dropped, by reason.
+    dropped: Family<DropReason, Counter>,
+}
+
+/// Why spans were not exported (the `reason` label of `telemetry_spans_dropped`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct DropReason {
+    reason: &'static str,
 }
 
 /// Why tracing could not start.
@@ -82,47 +115,58 @@ impl Telemetry {
             .build()
             .map_err(|e| TelemetryError(e.to_string()))?;
         let resource = Resource::builder().with_service_name(config.service_name.clone()).build();
+        let dropped = Family::<DropReason, Counter>::default();
+        let queue = Arc::new(Queue::new(dropped.clone()));
+        // The batch processor's own queue holds as many as ours lets through, so it never
+        // drops a span of its own accord (it would, silently).
+        let batch = BatchSpanProcessor::builder(Counted { inner: exporter, queue: Arc::clone(&queue) })
+            .with_batch_config(BatchConfigBuilder::default().with_max_queue_size(MAX_QUEUE).build())
+            .build();
         // Every span started here is wanted: the sampling decision is made before (`begin`).
         let provider = SdkTracerProvider::builder()
-            .with_batch_exporter(exporter)
+            .with_span_processor(Bounded { inner: batch, queue })
             .with_sampler(Sampler::AlwaysOn)
             .with_resource(resource)
             .build();
         let tracer = opentelemetry::trace::TracerProvider::tracer(&provider, "idemgate");
         let sample_below = (config.sample_ratio.clamp(0.0, 1.0) * u64::MAX as f64) as u64;
-        Ok(Self { provider, tracer, sample_below })
+        Ok(Self { provider, tracer, sample_below, dropped })
     }
 
-    /// The span of one request, when it is traced: continuing the client's trace (its
-    /// `traceparent`) or starting one. `trusted`: the peer is a trusted proxy, whose sampling
-    /// decision is believed.
-    pub fn begin(&self, headers: &HeaderMap, trusted: bool, route: &str, method: &http::Method) -> Option<RequestSpan> {
-        let parent = TraceContextPropagator::new().extract(&Headers(headers));
-        let remote = parent.span().span_context().clone();
-        let sampled = match remote.is_valid() {
-            true if trusted => remote.is_sampled(),
-            true => self.ratio(remote.trace_id().to_bytes()),
-            // A new trace: its id is not made yet, and the same odds on a random draw will do.
-            false => self.ratio(rand::random()),
+    /// The counters of spans dropped, for the metrics registry.
+    pub fn dropped(&self) -> Family<DropReason, Counter> {
+        self.dropped.clone()
+    }
+
+    /// The span of one request, when it is traced. A trusted proxy's trace is continued with
+    /// its sampling decision; anyone else's request gets a trace of the gateway's own, sampled
+    /// by `sample_ratio`, linked to the client's context when it sent one (see the module
+    /// docs). `headers`' `tracestate` is cut to W3C's bounds first, for the upstream and the
+    /// export alike.
+    pub fn begin(
+        &self,
+        headers: &mut HeaderMap,
+        trusted: bool,
+        route: &str,
+        method: &http::Method,
+    ) -> Option<RequestSpan> {
+        bound_tracestate(headers);
+        let remote = TraceContextPropagator::new().extract(&Headers(headers)).span().span_context().clone();
+        // A trusted proxy's decision, or a draw of the gateway's own: nothing else a client
+        // sends moves it.
+        let (parent, link, decided) = match (remote.is_valid(), trusted) {
+            (true, true) => (Context::new().with_remote_span_context(remote.clone()), None, Some(remote.is_sampled())),
+            (true, false) => (Context::new(), Some(Link::with_context(remote)), None),
+            (false, _) => (Context::new(), None, None),
         };
-        if !sampled {
+        if !decided.unwrap_or_else(|| self.draw(rand::random())) {
             return None;
         }
-        // The client's trace, as sampled: the spans below are exported whatever its flag said.
-        let parent = match remote.is_valid() {
-            true => Context::new().with_remote_span_context(SpanContext::new(
-                remote.trace_id(),
-                remote.span_id(),
-                TraceFlags::SAMPLED,
-                true,
-                remote.trace_state().clone(),
-            )),
-            false => Context::new(),
-        };
         let span = self
             .tracer
             .span_builder(format!("{method} {route}"))
             .with_kind(SpanKind::Server)
+            .with_links(link.into_iter().collect())
             .with_attributes([
                 KeyValue::new("idemgate.route", route.to_owned()),
                 KeyValue::new("http.request.method", method.to_string()),
@@ -131,18 +175,9 @@ impl Telemetry {
         Some(RequestSpan { cx: parent.with_span(span), tracer: self.tracer.clone() })
     }
 
-    fn ratio(&self, trace_id: [u8; 16]) -> bool {
-        let low = u64::from_be_bytes([
-            trace_id[8],
-            trace_id[9],
-            trace_id[10],
-            trace_id[11],
-            trace_id[12],
-            trace_id[13],
-            trace_id[14],
-            trace_id[15],
-        ]);
-        self.sample_below == u64::MAX || low < self.sample_below
+    /// Whether a request whose trace the gateway starts is sampled, on `draw` (random).
+    fn draw(&self, draw: u64) -> bool {
+        self.sample_below == u64::MAX || draw < self.sample_below
     }
 
     /// Exports what is left; called once, at shutdown.
@@ -257,6 +292,151 @@ impl ChildSpan {
     }
 }
 
+/// Cuts `tracestate` to W3C Trace Context's bounds (Level 1, §3.3.1.4 and §3.5): at most 32
+/// members, whose whole (with their commas) is at most 512 characters. Where it must be cut,
+/// members longer than 128 characters go first, then members from the end. Several
+/// `tracestate` fields are one list. Without a member left, the field goes.
+pub fn bound_tracestate(headers: &mut HeaderMap) {
+    let mut values = headers.get_all("tracestate").iter();
+    let Some(first) = values.next() else { return };
+    let joined;
+    let text = match values.next() {
+        None => match first.to_str() {
+            Ok(text) if text.len() <= TRACESTATE_MAX_LEN && text.matches(',').count() < TRACESTATE_MAX_MEMBERS => {
+                return;
+            }
+            Ok(text) => text,
+            Err(_) => {
+                headers.remove("tracestate");
+                return;
+            }
+        },
+        Some(_) => {
+            let all: Vec<&str> = headers.get_all("tracestate").iter().filter_map(|v| v.to_str().ok()).collect();
+            joined = all.join(",");
+            &joined
+        }
+    };
+    let mut members: Vec<&str> =
+        text.split(',').map(str::trim).filter(|m| !m.is_empty()).take(TRACESTATE_MAX_MEMBERS).collect();
+    let length = |members: &[&str]| members.iter().map(|m| m.len()).sum::<usize>() + members.len().saturating_sub(1);
+    if length(&members) > TRACESTATE_MAX_LEN {
+        members.retain(|m| m.len() <= TRACESTATE_LONG_MEMBER);
+    }
+    while length(&members) > TRACESTATE_MAX_LEN {
+        members.pop();
+    }
+    let bounded = members.join(",");
+    match HeaderValue::from_str(&bounded) {
+        Ok(value) if !bounded.is_empty() => {
+            headers.insert("tracestate", value);
+        }
+        _ => {
+            headers.remove("tracestate");
+        }
+    }
+}
+
+/// Spans handed to the batch processor and not yet exported or given up: what bounds the
+/// queue, and the counters and log of what was dropped.
+#[derive(Debug)]
+struct Queue {
+    pending: AtomicUsize,
+    dropped: Family<DropReason, Counter>,
+    said: Mutex<Option<std::time::Instant>>,
+}
+
+impl Queue {
+    fn new(dropped: Family<DropReason, Counter>) -> Self {
+        Self { pending: AtomicUsize::new(0), dropped, said: Mutex::new(None) }
+    }
+
+    /// Takes a place in the queue, if there is one.
+    fn admit(&self) -> bool {
+        self.pending.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < MAX_QUEUE).then_some(n + 1)).is_ok()
+    }
+
+    /// `spans` left the queue (exported, or given up).
+    fn left(&self, spans: usize) {
+        let _ = self.pending.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| Some(n.saturating_sub(spans)));
+    }
+
+    /// Counts `spans` dropped for `reason`, and says so at most once per interval.
+    fn dropped(&self, reason: &'static str, spans: usize, why: &dyn std::fmt::Display) {
+        self.dropped.get_or_create(&DropReason { reason }).inc_by(spans as u64);
+        let mut said = self.said.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if said.is_none_or(|at| at.elapsed() >= SAY_DROPS_EVERY) {
+            *said = Some(std::time::Instant::now());
+            tracing::warn!(reason, spans, error = %why, "telemetry: spans dropped (counted in idemgate_telemetry_spans_dropped_total; said at most every 10 s)");
+        }
+    }
+}
+
+/// The batch processor behind a bounded queue: a span that finds the queue full is dropped
+/// here, counted, instead of silently there.
+#[derive(Debug)]
+struct Bounded<P> {
+    inner: P,
+    queue: Arc<Queue>,
+}
+
+impl<P: SpanProcessor> SpanProcessor for Bounded<P> {
+    fn on_start(&self, span: &mut opentelemetry_sdk::trace::Span, cx: &Context) {
+        self.inner.on_start(span, cx);
+    }
+
+    fn on_end(&self, span: SpanData) {
+        if self.queue.admit() {
+            self.inner.on_end(span);
+        } else {
+            self.queue.dropped("queue_full", 1, &format_args!("{MAX_QUEUE} spans are waiting for the collector"));
+        }
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.inner.set_resource(resource);
+    }
+}
+
+/// The exporter, counting what leaves the queue and what an export that failed lost.
+#[derive(Debug)]
+struct Counted<E> {
+    inner: E,
+    queue: Arc<Queue>,
+}
+
+impl<E: SpanExporter> SpanExporter for Counted<E> {
+    async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
+        let spans = batch.len();
+        let result = self.inner.export(batch).await;
+        self.queue.left(spans);
+        if let Err(e) = &result {
+            self.queue.dropped("export_failed", spans, e);
+        }
+        result
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.inner.set_resource(resource);
+    }
+}
+
 /// Reads `traceparent` and `tracestate` for the propagator.
 struct Headers<'a>(&'a HeaderMap);
 
@@ -291,5 +471,130 @@ impl HttpClient for Exporting {
             Ok::<_, HttpError>(Response::from_parts(parts, bytes))
         };
         self.runtime.spawn(call).await?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(values: &[&str]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for v in values {
+            h.append("tracestate", HeaderValue::from_str(v).unwrap());
+        }
+        h
+    }
+
+    fn state(h: &HeaderMap) -> Option<String> {
+        h.get("tracestate").map(|v| v.to_str().unwrap().to_owned())
+    }
+
+    #[test]
+    fn a_tracestate_within_bounds_is_left_as_it_is() {
+        let mut h = headers(&["rojo=00f067aa0ba902b7, congo=t61rcWkgMzE"]);
+        bound_tracestate(&mut h);
+        assert_eq!(state(&h).as_deref(), Some("rojo=00f067aa0ba902b7, congo=t61rcWkgMzE"));
+    }
+
+    #[test]
+    fn a_tracestate_is_cut_to_512_characters_and_32_members() {
+        // 6.5 KB in 100-character members: cut from the end to 512 characters.
+        let member = |i: usize| format!("v{i:03}={}", "x".repeat(95));
+        let long: Vec<String> = (0..65).map(member).collect();
+        let mut h = headers(&[&long.join(",")]);
+        bound_tracestate(&mut h);
+        let kept = state(&h).unwrap();
+        assert!(kept.len() <= 512, "{}", kept.len());
+        assert!(kept.starts_with("v000=") && kept.split(',').count() == 5, "{kept}");
+        // A member over 128 characters goes before any other.
+        let mut h = headers(&[&format!("big={},a=1", "y".repeat(600)), "b=2"]);
+        bound_tracestate(&mut h);
+        assert_eq!(state(&h).as_deref(), Some("a=1,b=2"));
+        // 40 small members: the first 32.
+        let many: Vec<String> = (0..40).map(|i| format!("k{i}=v")).collect();
+        let mut h = headers(&[&many.join(",")]);
+        bound_tracestate(&mut h);
+        assert_eq!(state(&h).unwrap().split(',').count(), 32);
+        // Nothing left: no field.
+        let mut h = headers(&[&format!("only={}", "z".repeat(700))]);
+        bound_tracestate(&mut h);
+        assert_eq!(state(&h), None);
+    }
+
+    #[derive(Debug, Default)]
+    struct Sink(std::sync::Mutex<usize>);
+
+    impl SpanProcessor for Sink {
+        fn on_start(&self, _: &mut opentelemetry_sdk::trace::Span, _: &Context) {}
+        fn on_end(&self, _: SpanData) {
+            *self.0.lock().unwrap() += 1;
+        }
+        fn force_flush(&self) -> OTelSdkResult {
+            Ok(())
+        }
+        fn shutdown_with_timeout(&self, _: Duration) -> OTelSdkResult {
+            Ok(())
+        }
+    }
+
+    #[derive(Debug)]
+    struct Refusing;
+
+    impl SpanExporter for Refusing {
+        async fn export(&self, _: Vec<SpanData>) -> OTelSdkResult {
+            Err(opentelemetry_sdk::error::OTelSdkError::InternalFailure(
+                "HTTP export failed with status code: 500".into(),
+            ))
+        }
+    }
+
+    fn span() -> SpanData {
+        SpanData {
+            span_context: opentelemetry::trace::SpanContext::empty_context(),
+            parent_span_id: opentelemetry::trace::SpanId::INVALID,
+            parent_span_is_remote: false,
+            span_kind: SpanKind::Internal,
+            name: "s".into(),
+            start_time: SystemTime::now(),
+            end_time: SystemTime::now(),
+            attributes: Vec::new(),
+            dropped_attributes_count: 0,
+            events: Default::default(),
+            links: Default::default(),
+            status: Status::Unset,
+            instrumentation_scope: Default::default(),
+        }
+    }
+
+    fn count(dropped: &Family<DropReason, Counter>, reason: &'static str) -> u64 {
+        dropped.get_or_create(&DropReason { reason }).get()
+    }
+
+    #[test]
+    fn spans_past_the_queue_are_dropped_and_counted() {
+        let dropped = Family::default();
+        let queue = Arc::new(Queue::new(dropped.clone()));
+        let bounded = Bounded { inner: Sink::default(), queue: Arc::clone(&queue) };
+        for _ in 0..MAX_QUEUE + 10 {
+            bounded.on_end(span());
+        }
+        assert_eq!(*bounded.inner.0.lock().unwrap(), MAX_QUEUE);
+        assert_eq!(count(&dropped, "queue_full"), 10);
+        // An export frees its places, whatever came of it.
+        queue.left(100);
+        bounded.on_end(span());
+        assert_eq!(*bounded.inner.0.lock().unwrap(), MAX_QUEUE + 1);
+    }
+
+    #[tokio::test]
+    async fn an_export_that_fails_counts_its_spans_and_frees_their_places() {
+        let dropped = Family::default();
+        let queue = Arc::new(Queue::new(dropped.clone()));
+        assert!((0..3).all(|_| queue.admit()));
+        let counted = Counted { inner: Refusing, queue: Arc::clone(&queue) };
+        assert!(counted.export(vec![span(), span(), span()]).await.is_err());
+        assert_eq!(count(&dropped, "export_failed"), 3);
+        assert_eq!(queue.pending.load(Ordering::Acquire), 0);
     }
 }

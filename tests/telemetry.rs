@@ -34,17 +34,27 @@ struct Got {
     parent: String,
     attributes: HashMap<String, String>,
     service: String,
+    /// The contexts it links to: trace id, span id, trace state.
+    links: Vec<(String, String, String)>,
 }
 
 #[derive(Default)]
 struct Collector {
     spans: Mutex<Vec<Got>>,
     auth: Mutex<Vec<Option<String>>>,
+    /// Bytes of every export received.
+    sizes: Mutex<Vec<usize>>,
+    /// Answer every export with this status instead of 200.
+    refuse: Mutex<Option<u16>>,
 }
 
 async fn collect(state: Arc<Collector>, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
     state.auth.lock().unwrap().push(req.headers().get("x-otlp-token").map(|v| v.to_str().unwrap().to_owned()));
     let body = req.into_body().collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+    state.sizes.lock().unwrap().push(body.len());
+    if let Some(status) = *state.refuse.lock().unwrap() {
+        return Ok(Response::builder().status(status).body(Full::new(Bytes::new())).unwrap());
+    }
     let export = ExportTraceServiceRequest::decode(body).expect("an OTLP protobuf export");
     for resource in export.resource_spans {
         let service = resource
@@ -68,6 +78,11 @@ async fn collect(state: Arc<Collector>, req: Request<Incoming>) -> Result<Respon
                     parent: hex(&span.parent_span_id),
                     attributes,
                     service: service.clone(),
+                    links: span
+                        .links
+                        .iter()
+                        .map(|l| (hex(&l.trace_id), hex(&l.span_id), l.trace_state.clone()))
+                        .collect(),
                 });
             }
         }
@@ -116,8 +131,24 @@ fn traceparent(span: &str, flags: &str) -> String {
     format!("00-{TRACE}-{span}-{flags}")
 }
 
+/// Every span the collector has once it has at least `at_least`.
+async fn all_spans(collector: &Collector, at_least: usize) -> Vec<Got> {
+    for _ in 0..200 {
+        let spans = collector.spans.lock().unwrap().clone();
+        if spans.len() >= at_least {
+            return spans;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("fewer than {at_least} spans: {:#?}", collector.spans.lock().unwrap());
+}
+
+/// A client that is not a trusted proxy gets a trace of the gateway's own, linked to its
+/// context: its first request, a duplicate that waited and a replay each start one, with the
+/// claim, the wait, the exchange and the settle below; the upstream's parent is the gateway's
+/// upstream span.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn first_request_replay_and_waited_duplicate_are_traced_in_the_clients_trace() {
+async fn first_request_replay_and_waited_duplicate_are_traced_and_linked_to_the_clients_trace() {
     let upstream = TestUpstream::with(Behavior { delay: Duration::from_millis(300), ..Behavior::default() }).await;
     let (collector_addr, collector) = collector().await;
     let gw = TestGateway::start(&config(upstream.addr, collector_addr, "shutdown_grace = \"2s\"", "")).await;
@@ -147,32 +178,39 @@ async fn first_request_replay_and_waited_duplicate_are_traced_in_the_clients_tra
     let replay = send("00f067aa0ba902b9").await;
     assert!(replay.is_replay());
 
-    // The upstream got the gateway's upstream span as its parent, in the client's trace.
+    // The upstream got the gateway's upstream span as its parent, in the gateway's trace.
     let seen = upstream.seen();
     assert_eq!(seen.len(), 1);
     let parent = seen[0].headers.get("traceparent").unwrap().to_str().unwrap().to_owned();
-    assert!(parent.starts_with(&format!("00-{TRACE}-")) && parent.ends_with("-01"), "{parent}");
-    assert_ne!(parent, traceparent("00f067aa0ba902b7", "01"), "the gateway's span, not the client's");
-    assert_eq!(seen[0].headers.get("tracestate").unwrap(), "vendor=x");
+    assert!(!parent.contains(TRACE) && parent.ends_with("-01"), "a trace of the gateway's own: {parent}");
+    assert_eq!(seen[0].headers.get("tracestate"), None, "the client's state belongs to the client's trace");
 
     gw.shutdown().await;
-    let spans = spans_of(&collector, TRACE, 3).await;
+    let spans = all_spans(&collector, 8).await;
     let requests: Vec<&Got> = spans.iter().filter(|s| s.name == "POST orders").collect();
     assert_eq!(requests.len(), 3, "{spans:#?}");
     for span in &spans {
         assert_eq!(span.service, "checkout-gateway");
+        assert_ne!(span.trace_id, TRACE, "{span:?}");
         for value in span.attributes.values() {
             assert!(!value.contains("trace-1") && !value.contains("Bearer"), "no key or credential: {span:?}");
         }
     }
-    let by_parent = |client_span: &str| requests.iter().find(|s| s.parent == client_span).copied().unwrap();
-    let executed = by_parent("00f067aa0ba902b7");
+    let by_link = |client_span: &str| {
+        let linked = |s: &&&Got| s.links.iter().any(|(trace, span, _)| trace == TRACE && span == client_span);
+        requests.iter().find(linked).copied().unwrap_or_else(|| panic!("no span links to {client_span}: {spans:#?}"))
+    };
+    let executed = by_link("00f067aa0ba902b7");
+    assert_eq!(executed.parent, "", "a root of the gateway's own");
+    assert_eq!(executed.links[0].2, "vendor=x", "the link carries the client's trace state");
     assert_eq!(executed.attributes["idemgate.outcome"], "executed");
     assert_eq!(executed.attributes["idemgate.attempt"], "1");
     assert_eq!(executed.attributes["idemgate.route"], "orders");
     assert_eq!(executed.attributes["idemgate.record"].len(), 12, "the record's hash, short");
-    assert_eq!(by_parent("00f067aa0ba902b8").attributes["idemgate.outcome"], "replayed");
-    assert_eq!(by_parent("00f067aa0ba902b9").attributes["idemgate.outcome"], "replayed");
+    assert_eq!(by_link("00f067aa0ba902b8").attributes["idemgate.outcome"], "replayed");
+    assert_eq!(by_link("00f067aa0ba902b9").attributes["idemgate.outcome"], "replayed");
+    let traces: std::collections::HashSet<&str> = requests.iter().map(|s| s.trace_id.as_str()).collect();
+    assert_eq!(traces.len(), 3, "one trace per request");
     // Child spans: the claim of each, the duplicate's wait, the exchange and its settle.
     let children = |of: &Got| -> Vec<String> {
         let mut names: Vec<String> = spans.iter().filter(|s| s.parent == of.span_id).map(|s| s.name.clone()).collect();
@@ -180,10 +218,82 @@ async fn first_request_replay_and_waited_duplicate_are_traced_in_the_clients_tra
         names
     };
     assert_eq!(children(executed), ["claim", "settle", "upstream"]);
-    assert_eq!(children(by_parent("00f067aa0ba902b8")), ["claim", "wait"]);
-    assert_eq!(children(by_parent("00f067aa0ba902b9")), ["claim"]);
+    assert_eq!(children(by_link("00f067aa0ba902b8")), ["claim", "wait"]);
+    assert_eq!(children(by_link("00f067aa0ba902b9")), ["claim"]);
     let upstream_span = spans.iter().find(|s| s.name == "upstream").unwrap();
-    assert_eq!(parent, format!("00-{TRACE}-{}-01", upstream_span.span_id));
+    assert_eq!(parent, format!("00-{}-{}-01", executed.trace_id, upstream_span.span_id));
+}
+
+/// docs/security.md, "a client steering trace export": at `sample_ratio = 0.001`, 300
+/// requests whose trace ids have zero low 64 bits (what made every one of them sampled) are
+/// sampled as any others: by a draw of the gateway's own. And a 6.5 KB `tracestate` reaches
+/// neither the upstream nor the collector whole: both get at most W3C's 512 characters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_can_neither_force_an_export_nor_swell_one() {
+    let upstream = TestUpstream::start().await;
+    let (collector_addr, collector) = collector().await;
+    let gw = TestGateway::start(&config(upstream.addr, collector_addr, "", "sample_ratio = 0.001")).await;
+    let client = gw.client();
+    for i in 0..300u32 {
+        let parent = format!("00-{:016x}0000000000000000-00f067aa0ba902b7-01", u64::from(i) + 1);
+        let r = client.send(Method::GET, &format!("/steer/{i}"), &[("traceparent", parent.as_str())], "").await;
+        assert_eq!(r.status, 201);
+    }
+    gw.shutdown().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let exported = collector.spans.lock().unwrap().iter().filter(|s| s.name == "GET rest").count();
+    // Binomial(300, 0.001): P(more than 4) is about 1e-6.
+    assert!(exported <= 4, "{exported} of 300 exported at a ratio of 0.001");
+
+    let state: Vec<String> = (0..65).map(|i| format!("v{i:03}={}", "x".repeat(95))).collect();
+    let state = state.join(",");
+    assert!(state.len() > 6500);
+    let parent = traceparent("00f067aa0ba902b7", "01");
+    let headers = [("traceparent", parent.as_str()), ("tracestate", state.as_str())];
+    // Not sampled: the context goes on, its state cut to the bounds.
+    let quiet = TestGateway::start(&config(upstream.addr, collector_addr, "", "sample_ratio = 0.0")).await;
+    assert_eq!(quiet.client().send(Method::GET, "/quiet", &headers, "").await.status, 201);
+    quiet.shutdown().await;
+    let forwarded = upstream.seen().last().unwrap().headers.clone();
+    assert_eq!(forwarded.get("traceparent").unwrap().to_str().unwrap(), parent);
+    let forwarded = forwarded.get("tracestate").unwrap().to_str().unwrap().to_owned();
+    assert!(forwarded.len() <= 512 && forwarded.starts_with("v000="), "{} characters", forwarded.len());
+    // Sampled: the export carries the cut state in its link, nothing more.
+    let before = collector.sizes.lock().unwrap().len();
+    let traced = TestGateway::start(&config(upstream.addr, collector_addr, "", "")).await;
+    assert_eq!(traced.client().send(Method::GET, "/traced", &headers, "").await.status, 201);
+    traced.shutdown().await;
+    let spans = all_spans(&collector, 1).await;
+    let span = spans.iter().find(|s| s.links.iter().any(|(trace, _, _)| trace == TRACE)).expect("the linked span");
+    assert!(span.links[0].2.len() <= 512, "{}", span.links[0].2.len());
+    let sizes = collector.sizes.lock().unwrap()[before..].to_vec();
+    assert!(sizes.iter().all(|&n| n < 2048), "exports of {sizes:?} bytes");
+}
+
+/// docs/security.md, "failed exports nobody sees": a collector that answers 500 loses the
+/// spans of each export, and they are counted and said in the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_a_refusing_collector_loses_are_counted() {
+    let upstream = TestUpstream::start().await;
+    let (collector_addr, collector) = collector().await;
+    *collector.refuse.lock().unwrap() = Some(500);
+    let gw = GatewayProc::start(&config(upstream.addr, collector_addr, "", ""));
+    for i in 0..3 {
+        assert_eq!(gw.client().get(&format!("/lost/{i}"), &[]).await.status, 201);
+    }
+    // Batches leave every 5 s, and at once at shutdown; wait for the counter.
+    let mut counted = 0.0;
+    for _ in 0..150 {
+        counted = gw.metric("idemgate_telemetry_spans_dropped_total{reason=\"export_failed\"}").await;
+        if counted >= 3.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(counted >= 3.0, "counted {counted}: {}", gw.log());
+    let said = gw.lines_with("telemetry: spans dropped", 1);
+    assert_eq!(said.len(), 1, "said once: {}", gw.log());
+    assert!(said[0].contains("export_failed") && said[0].contains("500"), "{}", said[0]);
 }
 
 /// A client's `sampled` flag is believed only from a trusted proxy: anyone else could have
@@ -243,6 +353,6 @@ async fn a_gateway_on_one_thread_exports_its_spans_and_the_last_ones_at_shutdown
     gw.sigterm();
     let status = gw.wait_exit(Duration::from_secs(10)).expect("the gateway exits");
     assert!(status.success(), "{status:?}");
-    let spans = spans_of(&collector, TRACE, 1).await;
+    let spans = all_spans(&collector, 1).await;
     assert!(spans.iter().any(|s| s.name == "GET rest"), "the request's span: {spans:#?}");
 }

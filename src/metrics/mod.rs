@@ -314,6 +314,22 @@ impl Metrics {
         );
     }
 
+    /// Exposes the counts of spans the trace exporter dropped, by reason (`queue_full`,
+    /// `export_failed`).
+    pub fn register_telemetry_drops(
+        &mut self,
+        family: Family<
+            impl EncodeLabelSet + Clone + std::hash::Hash + Eq + std::fmt::Debug + Send + Sync + 'static,
+            Counter,
+        >,
+    ) {
+        self.registry.register(
+            "telemetry_spans_dropped",
+            "Spans not exported, by reason: the queue was full (queue_full), or their export failed (export_failed: the collector down, slow or refusing)",
+            family,
+        );
+    }
+
     /// Exposes the store's call latency histograms.
     pub fn register_store_latency(
         &mut self,
