@@ -46,7 +46,7 @@ use crate::policy::scope::{MissingScope, Scope};
 use crate::reload::Live;
 use crate::runtime::IdempotentRoute;
 use crate::store::{
-    Cursor, Entry, EntryState, Held, IndexKey, Purged, RecordKey, Resolved, Store, StoreError, StoredResponse,
+    Cursor, Entry, EntryState, Held, IndexKey, Purged, RecordKey, Resolved, Severity, Store, StoreError, StoredResponse,
 };
 
 /// The admin service's shared state.
@@ -57,12 +57,19 @@ pub struct Admin {
     token_hash: Option<[u8; 32]>,
     /// When the unknown-records gauge was last counted (see `refresh_unknown_records`).
     counted: Arc<std::sync::Mutex<Option<std::time::Instant>>>,
+    /// What `/readyz` last said about the store's settings, and when (see `store_findings`).
+    settings: Arc<std::sync::Mutex<Option<(std::time::Instant, Vec<String>)>>>,
 }
 
 impl Admin {
     /// An admin service; key endpoints are enabled only with a token.
     pub fn new(live: Arc<Live>, token: Option<String>) -> Self {
-        Self { live, token_hash: token.map(|t| Sha256::digest(t.trim().as_bytes()).into()), counted: Arc::default() }
+        Self {
+            live,
+            token_hash: token.map(|t| Sha256::digest(t.trim().as_bytes()).into()),
+            counted: Arc::default(),
+            settings: Arc::default(),
+        }
     }
 }
 
@@ -95,7 +102,16 @@ pub async fn handle(
                 return text(StatusCode::SERVICE_UNAVAILABLE, "draining\n");
             }
             match gw.runtime().store.ping().await {
-                Ok(()) => text(StatusCode::OK, "ready\n"),
+                Ok(()) => {
+                    let mut body = String::from("ready\n");
+                    for line in store_findings(admin, gw).await {
+                        body.push_str(&line);
+                        body.push('\n');
+                    }
+                    let mut r = text(StatusCode::OK, "");
+                    *r.body_mut() = body::full(body);
+                    r
+                }
                 Err(e) => {
                     tracing::debug!(error = %e, "readiness check: store unavailable");
                     text(StatusCode::SERVICE_UNAVAILABLE, "store unavailable\n")
@@ -156,6 +172,35 @@ pub async fn handle(
             None => problem(gw, StatusCode::NOT_FOUND, "admin-not-found", "Not found", "No such admin endpoint."),
         },
     }
+}
+
+/// How long what the store's settings say is kept for `/readyz`: a `CONFIG GET` and two
+/// `INFO`s per probe, which several probes a second need not repeat.
+const SETTINGS_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// What the store's own settings mean for the records, one line each (`/readyz` says why an
+/// evicting store is a danger, without failing the probe: the gateway serves all the same).
+async fn store_findings(admin: &Admin, gw: &Gateway) -> Vec<String> {
+    {
+        let cached = admin.settings.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((_, lines)) = cached.as_ref().filter(|(at, _)| at.elapsed() < SETTINGS_EVERY) {
+            return lines.clone();
+        }
+    }
+    let rt = gw.runtime();
+    let Some(settings) = rt.store.settings().await else { return Vec::new() };
+    rt.metrics.store_evicts_records.set(i64::from(settings.evicts()));
+    let mut lines = vec![format!("store: {}", settings.summary())];
+    for (severity, finding) in settings.findings() {
+        let level = match severity {
+            Severity::Error => "error",
+            Severity::Warning => "warning",
+        };
+        lines.push(format!("store {level}: {finding}"));
+    }
+    *admin.settings.lock().unwrap_or_else(std::sync::PoisonError::into_inner) =
+        Some((std::time::Instant::now(), lines.clone()));
+    lines
 }
 
 /// How often the unknown-records gauge is counted at most: a store call per holding route,

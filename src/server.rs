@@ -36,7 +36,7 @@ use crate::descriptors::{self, Budget};
 use crate::forwarded::{Peer, TrustedProxies};
 use crate::gateway::{Gateway, SetupError};
 use crate::reload::Live;
-use crate::store::Store;
+use crate::store::{Severity, Store};
 
 /// After the grace period, how long connections get to deliver the answers of abandoned
 /// exchanges (503 shutting-down) before the process exits.
@@ -132,10 +132,12 @@ impl Server {
         Arc::clone(&self.live)
     }
 
-    /// Logs a warning when the store does not answer at startup. The gateway serves anyway
-    /// (each route applies its `on_store_error` policy until the store answers), but an
-    /// operator who mistyped the Redis URL should hear of it now, not at the first request.
-    /// The check runs in the background, so serving does not wait for it.
+    /// Logs a warning when the store does not answer at startup, and what the store's own
+    /// settings mean for the records (an evicting policy is an error: records would be lost).
+    /// The gateway serves anyway (each route applies its `on_store_error` policy until the
+    /// store answers), but an operator who mistyped the Redis URL, or runs Redis with
+    /// `allkeys-lru`, should hear of it now, not at the first lost record. In the background,
+    /// so serving does not wait for it.
     pub fn warn_if_store_unreachable(&self) {
         let runtime = Arc::clone(self.live.gateway().runtime());
         tokio::spawn(async move {
@@ -145,6 +147,17 @@ impl Server {
                     error = %e,
                     "the store does not answer; idempotent routes apply on_store_error until it does"
                 );
+                return;
+            }
+            if let Some(settings) = runtime.store.settings().await {
+                runtime.metrics.store_evicts_records.set(i64::from(settings.evicts()));
+                tracing::info!(settings = %settings.summary(), "store settings");
+                for (severity, finding) in settings.findings() {
+                    match severity {
+                        Severity::Error => tracing::error!("store: {finding}"),
+                        Severity::Warning => tracing::warn!("store: {finding}"),
+                    }
+                }
             }
         });
     }

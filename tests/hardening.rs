@@ -729,3 +729,54 @@ async fn under_a_descriptor_limit_a_flood_on_one_listener_never_stops_the_other(
     }
     assert!(gw.lines_with("accept failed", 1).len() <= 1, "{}", gw.log());
 }
+
+// ---- the store's own settings ------------------------------------------------------------
+
+/// docs/security.md, "records silently evicted by the store": a Redis whose
+/// `maxmemory-policy` evicts is an error in the log at start, a metric, and a line in
+/// `/readyz` (which stays 200: the gateway serves); one that refuses `CONFIG` (a managed
+/// service) is a warning, never a failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_evicts_records_is_an_error_and_one_that_hides_its_settings_a_warning() {
+    let upstream = TestUpstream::start().await;
+    let start_on = |redis: &support::redis::RedisServer| {
+        let store =
+            format!("backend = \"redis\"\nurl = \"{}\"\nkey_prefix = \"{}\"", redis.url(), support::unique("cfg"));
+        let toml = Toml { store: &store, upstream_lines: "timeout = \"5s\"", ..Toml::new(upstream.addr) }.render();
+        GatewayProc::start(&toml)
+    };
+    let evicting =
+        support::redis::RedisServer::start_with(&["--maxmemory", "100mb", "--maxmemory-policy", "allkeys-lru"]);
+    let gw = start_on(&evicting);
+    let said = gw.lines_with("maxmemory-policy is allkeys-lru", 1);
+    assert_eq!(said.len(), 1, "{}", gw.log());
+    assert!(said[0].contains("ERROR") && said[0].contains("noeviction"), "{}", said[0]);
+    let ready = Client::new(gw.admin).get("/readyz", &[]).await;
+    assert_eq!(ready.status, 200, "the gateway serves");
+    let body = String::from_utf8_lossy(&ready.body).into_owned();
+    assert!(body.starts_with("ready\n") && body.contains("store error: maxmemory-policy is allkeys-lru"), "{body}");
+    assert_eq!(gw.metric("idemgate_store_evicts_records").await, 1.0);
+    assert_eq!(gw.client().post_json("/orders", Some("served"), ORDER).await.status, 201);
+
+    let hiding = support::redis::RedisServer::start_with(&["--rename-command", "CONFIG", "\"\""]);
+    let gw = start_on(&hiding);
+    let said = gw.lines_with("cannot read maxmemory-policy", 1);
+    assert_eq!(said.len(), 1, "{}", gw.log());
+    assert!(said[0].contains("WARN") && !gw.log().contains("ERROR"), "{}", gw.log());
+    let ready = Client::new(gw.admin).get("/readyz", &[]).await;
+    assert_eq!(ready.status, 200);
+    assert!(String::from_utf8_lossy(&ready.body).contains("store warning: cannot read maxmemory-policy"));
+    assert_eq!(gw.metric("idemgate_store_evicts_records").await, 0.0);
+    assert!(!gw.log().contains("store stopped answering"), "{}", gw.log());
+    assert_eq!(gw.client().post_json("/orders", Some("served"), ORDER).await.status, 201);
+
+    let sound = support::redis::RedisServer::start_with(&["--appendonly", "yes"]);
+    let gw = start_on(&sound);
+    let summary = gw.lines_with("store settings", 1);
+    assert!(
+        summary[0].contains("maxmemory-policy noeviction") && summary[0].contains("appendonly yes"),
+        "{}",
+        summary[0]
+    );
+    assert!(!gw.log().contains("store:"), "no finding: {}", gw.log());
+}

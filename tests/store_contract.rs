@@ -929,3 +929,17 @@ async fn cluster_nodes_without_the_scripts_run_them_by_text() {
     }
     assert_eq!(shards.len(), 3, "keys on every shard");
 }
+
+/// The store's own settings are read on every topology: the node a plain or Sentinel store
+/// reaches, one node of a Cluster. (A Cluster routes `CONFIG` and `INFO` to one node here,
+/// not to all.)
+#[tokio::test]
+async fn the_stores_own_settings_are_read_on_every_topology() {
+    for url in [RedisServer::shared().url(), sentinels().url(), cluster().url()] {
+        let (store, _) = redis_at(url.clone()).await;
+        let settings = store.settings().await.expect("a Redis store has settings");
+        assert_eq!(settings.eviction, Ok(("noeviction".to_owned(), 0)), "{url}: {settings:?}");
+        assert!(!settings.evicts());
+        assert!(settings.persistence.is_some() && settings.replicas.is_some(), "{url}: {settings:?}");
+    }
+}

@@ -141,6 +141,8 @@ pub struct Metrics {
     pub exchanges_running: Gauge,
     /// Duplicates waiting for the first request with their key to settle.
     pub waiting_duplicates: Gauge,
+    /// 1 while the store's settings let it evict records (see `store::Settings`).
+    pub store_evicts_records: Gauge,
 }
 
 impl Default for Metrics {
@@ -212,7 +214,14 @@ impl Default for Metrics {
             "Duplicates waiting for the first request with their key to settle",
             waiting_duplicates.clone(),
         );
+        let store_evicts_records = Gauge::default();
+        registry.register(
+            "store_evicts_records",
+            "1 while Redis's maxmemory-policy lets it evict records (an answer lost, its retry run again); 0 otherwise or when it cannot be read",
+            store_evicts_records.clone(),
+        );
         Self {
+            store_evicts_records,
             request_seconds,
             upstream_seconds,
             upstream_quantiles: Mutex::default(),

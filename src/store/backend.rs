@@ -120,6 +120,15 @@ impl Backend {
         }
     }
 
+    /// The settings of the store that decide whether records last their retention (Redis
+    /// only: the memory store evicts only what its own bounds say, see `memory`).
+    pub async fn settings(&self) -> Option<super::Settings> {
+        match &self.engine {
+            Engine::Redis(redis) => Some(redis.settings().await),
+            Engine::Memory(_) => None,
+        }
+    }
+
     /// The store latency histograms, for the metrics registry.
     pub fn call_latency(&self) -> Family<CallLabel, Histogram> {
         self.calls.clone()

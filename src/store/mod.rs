@@ -34,7 +34,7 @@ pub use self::backend::{Backend, CallLabel, Engine};
 pub use self::index::{Cursor, Held, IndexEntry, IndexKey, Page, unix_ms};
 pub use self::memory::MemoryStore;
 pub use self::record::{Payload, RecordError, StoredResponse};
-pub use self::redis::RedisStore;
+pub use self::redis::{Persistence, RedisStore, Settings, Severity};
 pub use self::waiters::Watch;
 
 use crate::policy::fingerprint::Fingerprint;

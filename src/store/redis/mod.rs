@@ -28,6 +28,9 @@ mod notify;
 mod round_trip;
 mod scripts;
 mod sentinel;
+mod settings;
+
+pub use self::settings::{Persistence, Settings, Severity};
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -140,6 +143,11 @@ impl RedisStore {
     /// The deadline of one call (`store.timeout`).
     pub fn timeout(&self) -> Duration {
         self.timeout
+    }
+
+    /// Redis's settings that decide whether records last their retention (see `settings`).
+    pub async fn settings(&self) -> Settings {
+        settings::read(self).await
     }
 
     /// Counts the commands this gateway sent (each one round trip).
