@@ -313,8 +313,10 @@ async fn accept(
     trouble: &mut AcceptTrouble,
 ) -> (TcpStream, SocketAddr, OwnedSemaphorePermit) {
     loop {
-        // The semaphore is never closed; were it, accepting would go on without a cap.
-        let Ok(permit) = Arc::clone(places).acquire_owned().await else { continue };
+        let Ok(permit) = Arc::clone(places).acquire_owned().await else {
+            // Never closed; were it, no place would ever free up again.
+            return std::future::pending().await;
+        };
         match listener.accept().await {
             Ok((stream, peer)) => {
                 trouble.cleared();
