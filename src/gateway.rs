@@ -32,7 +32,7 @@ use crate::proxy;
 use crate::router::{RouteSpec, Router, RouterError};
 use crate::runtime::{IdempotentRoute, RequestSettings, Route, Routed, Runtime};
 use crate::store::{Backend, StoreError};
-use crate::telemetry::{Telemetry, TelemetryError};
+use crate::telemetry::{self, Telemetry, TelemetryError};
 use crate::upstream::{Upstream, UpstreamSetupError};
 
 /// Why a gateway could not be built from a valid config.
@@ -190,6 +190,8 @@ impl Gateway {
             return error.problem().respond_as(self.problem_base(), &self.errors);
         };
         let mut trace = Trace::default();
+        // W3C's bounds, for what is forwarded whether or not the gateway traces.
+        telemetry::bound_tracestate(request.headers_mut());
         if let Some(telemetry) = &self.runtime.telemetry {
             let trusted = connection.peer.trusted();
             trace.span = telemetry.begin(request.headers_mut(), trusted, &routed.route().name, &method);

@@ -116,11 +116,17 @@ fn check(path: &std::path::Path) -> ExitCode {
         eprintln!("{warning}");
     }
     // The gateway raises its soft descriptor limit to the hard one when it starts: the caps
-    // must fit in that.
+    // must fit in that. This process's limit stands in for the service's (a unit's
+    // LimitNOFILE or a container's ulimit may differ): the warning says which it read.
     if let Some((_, hard)) = idemgate::descriptors::limits() {
         let budget = idemgate::descriptors::Budget::fit(&config, hard);
         if !budget.fits() {
-            eprintln!("{}: warning: server.max_connections: {}", path.display(), budget.shortfall(&config));
+            eprintln!(
+                "{}: warning: server.max_connections: {} (checked against this process's hard limit; the \
+                 service may run with another)",
+                path.display(),
+                budget.shortfall(&config)
+            );
         }
     }
     let idempotent = config.routes.iter().filter(|r| r.idempotency.is_some()).count();

@@ -141,8 +141,10 @@ impl Telemetry {
     /// The span of one request, when it is traced. A trusted proxy's trace is continued with
     /// its sampling decision; anyone else's request gets a trace of the gateway's own, sampled
     /// by `sample_ratio`, linked to the client's context when it sent one (see the module
-    /// docs). `headers`' `tracestate` is cut to W3C's bounds first, for the upstream and the
-    /// export alike.
+    /// docs). When such a request is not sampled, the `traceparent` it forwards says so (its
+    /// `sampled` flag cleared): the decision is the gateway's, and a gateway or tracer behind
+    /// this one that believes it must not follow the client's flag instead. `headers`'
+    /// `tracestate` has been cut to W3C's bounds ([`bound_tracestate`], for every request).
     pub fn begin(
         &self,
         headers: &mut HeaderMap,
@@ -150,7 +152,6 @@ impl Telemetry {
         route: &str,
         method: &http::Method,
     ) -> Option<RequestSpan> {
-        bound_tracestate(headers);
         let remote = TraceContextPropagator::new().extract(&Headers(headers)).span().span_context().clone();
         // A trusted proxy's decision, or a draw of the gateway's own: nothing else a client
         // sends moves it.
@@ -160,6 +161,13 @@ impl Telemetry {
             (false, _) => (Context::new(), None, None),
         };
         if !decided.unwrap_or_else(|| self.draw(rand::random())) {
+            if let Some(link) = &link {
+                let context = &link.span_context;
+                let unsampled = format!("00-{}-{}-00", context.trace_id(), context.span_id());
+                if let Ok(value) = HeaderValue::from_str(&unsampled) {
+                    headers.insert("traceparent", value);
+                }
+            }
             return None;
         }
         let span = self

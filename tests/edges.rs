@@ -373,6 +373,13 @@ async fn a_store_down_for_longer_than_the_lease_leaves_the_rerun_to_the_upstream
     assert!(metrics.contains("idemgate_exchanges_running 0"), "the exchange ended:\n{metrics}");
     assert!(started.elapsed() >= Duration::from_millis(1000), "it kept trying: {:?}", started.elapsed());
     proxy.retarget(RedisServer::shared().addr());
+    // Once the gateway has reconnected (the settle's last try ran until the lease ended, so
+    // this is later than the lease), and the lease has passed.
+    let back = Instant::now();
+    while admin.get("/readyz", &[]).await.status != 200 {
+        assert!(back.elapsed() < Duration::from_secs(5), "the gateway never reconnected");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     tokio::time::sleep(Duration::from_millis(2500).saturating_sub(started.elapsed())).await;
     let retry = client.post_json("/orders", Some("long-outage"), ORDER).await;
     assert_eq!(retry.status, 201, "{retry:?}");

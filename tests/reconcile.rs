@@ -589,6 +589,38 @@ async fn ten_retries_at_two_gateways_all_get_the_lookups_answer() {
     b.shutdown().await;
 }
 
+/// A retry that waits for a lookup whose gateway died (its lease passes and nobody ends it)
+/// starts a lookup of its own, within its `wait`, and gets the answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_outlives_a_lookup_whose_gateway_died() {
+    let orders = Orders::start().await;
+    let store = StoreKind::Redis(RedisServer::shared().url());
+    let toml = config(&store, orders.addr, "1s", "after = \"off\"").replace("wait = \"3s\"", "wait = \"6s\"");
+    let mut dying = GatewayProc::start(&toml);
+    let living = TestGateway::start(&toml).await;
+    orders.set(Post::DropAfter);
+    assert_eq!(post(&dying.client(), "k-dead").await.status, 502);
+    orders.set(Post::Answer);
+    orders.set_lookup(Lookup::Delay(Duration::from_secs(10)));
+    // Its client gets no answer: the gateway is killed while its lookup runs.
+    let doomed = dying.client();
+    let headers = [("content-type", "application/json"), ("idempotency-key", "k-dead"), ("authorization", AUTH)];
+    let asking = tokio::spawn(async move { doomed.try_send(Method::POST, "/orders", &headers, ORDER).await });
+    wait_until("the lookup to start", || async { key_state(&living, "k-dead").await["lookup_in_flight"] == true })
+        .await;
+    dying.kill9();
+    let _ = asking.await;
+    orders.set_lookup(Lookup::Answer);
+    let started = std::time::Instant::now();
+    let retry = post(&living.client(), "k-dead").await;
+    assert_eq!(retry.status, 200, "after {:?}: {:?}", started.elapsed(), retry.body);
+    assert_eq!(retry.header("idempotency-status"), Some("reconciled"));
+    assert_eq!(retry.body, order_body(1));
+    assert_eq!((orders.posts().len(), orders.orders()), (1, 1));
+    assert_eq!(orders.lookups().len(), 2, "the dead gateway's, then the retry's own");
+    living.shutdown().await;
+}
+
 /// No key can move the lookup to another path or add a parameter.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_keys_stay_inside_their_lookup() {

@@ -250,12 +250,12 @@ async fn a_client_can_neither_force_an_export_nor_swell_one() {
     assert!(state.len() > 6500);
     let parent = traceparent("00f067aa0ba902b7", "01");
     let headers = [("traceparent", parent.as_str()), ("tracestate", state.as_str())];
-    // Not sampled: the context goes on, its state cut to the bounds.
+    // Not sampled: the context goes on, not sampled, its state cut to the bounds.
     let quiet = TestGateway::start(&config(upstream.addr, collector_addr, "", "sample_ratio = 0.0")).await;
     assert_eq!(quiet.client().send(Method::GET, "/quiet", &headers, "").await.status, 201);
     quiet.shutdown().await;
     let forwarded = upstream.seen().last().unwrap().headers.clone();
-    assert_eq!(forwarded.get("traceparent").unwrap().to_str().unwrap(), parent);
+    assert_eq!(forwarded.get("traceparent").unwrap().to_str().unwrap(), traceparent("00f067aa0ba902b7", "00"));
     let forwarded = forwarded.get("tracestate").unwrap().to_str().unwrap().to_owned();
     assert!(forwarded.len() <= 512 && forwarded.starts_with("v000="), "{} characters", forwarded.len());
     // Sampled: the export carries the cut state in its link, nothing more.
@@ -297,7 +297,8 @@ async fn spans_a_refusing_collector_loses_are_counted() {
 }
 
 /// A client's `sampled` flag is believed only from a trusted proxy: anyone else could have
-/// all its requests exported (or none). Without tracing, the trace context passes untouched.
+/// all its requests exported (or none). A request that is not traced passes its context on,
+/// with the gateway's decision in its flag.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_a_trusted_proxy_decides_sampling_and_untraced_requests_pass_their_context_on() {
     let upstream = TestUpstream::start().await;
@@ -310,7 +311,11 @@ async fn only_a_trusted_proxy_decides_sampling_and_untraced_requests_pass_their_
         .send(Method::GET, "/anything", &[("traceparent", parent.as_str()), ("tracestate", "vendor=x")], "")
         .await;
     assert_eq!(r.status, 201);
-    assert_eq!(upstream.seen()[0].headers.get("traceparent").unwrap().to_str().unwrap(), parent, "passed on as is");
+    // Passed on, with the decision the gateway made: not sampled. (A tracer or a gateway behind
+    // this one that trusts it must not follow the client's flag.)
+    let unsampled = traceparent("00f067aa0ba902b7", "00");
+    assert_eq!(upstream.seen()[0].headers.get("traceparent").unwrap().to_str().unwrap(), unsampled);
+    assert_eq!(upstream.seen()[0].headers.get("tracestate").unwrap(), "vendor=x");
     gw.shutdown().await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(collector.spans.lock().unwrap().is_empty(), "nothing exported");
@@ -328,7 +333,6 @@ async fn only_a_trusted_proxy_decides_sampling_and_untraced_requests_pass_their_
     .await;
     let r = gw.client().send(Method::GET, "/anything", &[("traceparent", parent.as_str())], "").await;
     assert_eq!(r.status, 201);
-    let unsampled = traceparent("00f067aa0ba902b7", "00");
     let r = gw.client().send(Method::GET, "/other", &[("traceparent", unsampled.as_str())], "").await;
     assert_eq!(r.status, 201);
     gw.shutdown().await;

@@ -32,9 +32,10 @@ pub fn replay(stored: StoredResponse, replay_header: &HeaderName) -> Response<Bo
     // Framed from the body it sends, whatever the record holds: a record written by hand, by
     // an earlier version or through an earlier operator API may hold a `Content-Length` that
     // does not match its body, or a transfer coding, and replayed as is the next response on
-    // the connection would start inside this one's body (response splitting). This version
-    // stores neither, so the common case removes nothing.
-    headers::strip(&mut headers, |name| name == header::CONTENT_LENGTH);
+    // the connection would start inside this one's body (response splitting); nor is
+    // anything else a replay never carries (a cookie, a credential, a `Date`). This version
+    // stores none of them, so the common case removes nothing.
+    headers::strip(&mut headers, |name| headers::never_stored(name).is_some());
     headers.insert(replay_header.clone(), HeaderValue::from_static("true"));
     // No `Date`: it is never stored (`headers::storable`), so hyper dates the replay when it
     // is sent, not when the first answer was (RFC 9110 §6.6.1).
@@ -63,8 +64,8 @@ pub fn not_stored(
     shape: &ErrorShape,
 ) -> Response<Body> {
     let mut response = Problem::not_stored(head.status).respond_as(problem_base, shape);
-    let bodiless = operator::has_no_body(head.status);
-    if bodiless {
+    // The status sent, which `[errors.response-not-stored]` may have changed.
+    if operator::has_no_body(response.status()) {
         // A 204 or 304 carries no problem document (nor its type).
         *response.body_mut() = body::full(Bytes::new());
         response.headers_mut().remove(header::CONTENT_TYPE);

@@ -160,34 +160,51 @@ pub fn settling(route: &IdempotentRoute, retry_after: Option<Duration>) -> Settl
 pub async fn on_retry(rt: &Arc<Runtime>, route: &Arc<IdempotentRoute>, question: Question) -> Asked {
     let Some(reconcile) = &route.policy.reconcile else { return Asked::Failed };
     let deadline = Instant::now() + route.policy.wait;
-    // Registered before the lookup is tried, so that the end of a running one wakes us.
-    let watch = rt.store.watch(&question.record);
-    let token = OwnerToken::generate();
     let lease = lookup_lease(rt, route);
-    let sent = Instant::now();
-    match rt.store.begin_lookup(&question.record, &question.fingerprint, token, lease).await {
-        Ok(LookupStart::Moved) => Asked::Changed,
-        Ok(LookupStart::Busy { left }) => wait_for_lookup(rt, route, &question.record, watch, deadline, left).await,
-        Ok(LookupStart::Started { .. }) => {
-            // In a task of its own: if the client goes away, the lookup still ends and frees
-            // its token.
-            let (tx, rx) = oneshot::channel();
-            let (rt2, route2, reconcile) = (Arc::clone(rt), Arc::clone(route), reconcile.clone());
-            rt.exchanges.spawn(async move {
-                let _ = tx.send(ask(&rt2, &route2, &reconcile, &question, token).await);
-            });
-            match tokio::time::timeout_at(deadline, rx).await {
-                Ok(Ok(asked)) => asked,
-                // Its lease began no earlier than the call that took it was sent.
-                _ => Asked::Running { left: (sent + lease).saturating_duration_since(Instant::now()) },
+    // A lookup whose gateway died holds the key until its lease passes; a retry that waited it
+    // out starts one of its own, once.
+    let mut second_chance = true;
+    let (token, sent) = loop {
+        // Registered before the lookup is tried, so that the end of a running one wakes us.
+        let watch = rt.store.watch(&question.record);
+        let token = OwnerToken::generate();
+        let sent = Instant::now();
+        match rt.store.begin_lookup(&question.record, &question.fingerprint, token, lease).await {
+            Ok(LookupStart::Moved) => return Asked::Changed,
+            Ok(LookupStart::Busy { left }) => {
+                match wait_for_lookup(rt, route, &question.record, watch, deadline, left).await {
+                    Waited::Abandoned if second_chance && Instant::now() < deadline => second_chance = false,
+                    Waited::Abandoned => return Asked::Failed,
+                    Waited::Ended(asked) => return asked,
+                }
+            }
+            Ok(LookupStart::Started { .. }) => break (token, sent),
+            Err(e) => {
+                route.metrics.store_error();
+                tracing::debug!(route = %route.name, key = question.record.short(), error = %e, "cannot start a lookup");
+                return Asked::Failed;
             }
         }
-        Err(e) => {
-            route.metrics.store_error();
-            tracing::debug!(route = %route.name, key = question.record.short(), error = %e, "cannot start a lookup");
-            Asked::Failed
-        }
+    };
+    // In a task of its own: if the client goes away, the lookup still ends and frees its token.
+    let (tx, rx) = oneshot::channel();
+    let (rt2, route2, reconcile) = (Arc::clone(rt), Arc::clone(route), reconcile.clone());
+    rt.exchanges.spawn(async move {
+        let _ = tx.send(ask(&rt2, &route2, &reconcile, &question, token).await);
+    });
+    match tokio::time::timeout_at(deadline, rx).await {
+        Ok(Ok(asked)) => asked,
+        // Its lease began no earlier than the call that took it was sent.
+        _ => Asked::Running { left: (sent + lease).saturating_duration_since(Instant::now()) },
     }
+}
+
+/// How waiting for another request's lookup ended.
+enum Waited {
+    /// It ended (or the retry's wait did): what to answer.
+    Ended(Asked),
+    /// Its lease passed and nobody ended it: its gateway died or stalled.
+    Abandoned,
 }
 
 /// Waits, until `deadline`, for the lookup another request runs on `record` (`left` on its
@@ -204,17 +221,18 @@ async fn wait_for_lookup(
     record: &RecordKey,
     mut watch: Watch,
     deadline: Instant,
-    mut left: Duration,
-) -> Asked {
+    left: Duration,
+) -> Waited {
     let _waiting = GaugeHold::new(&rt.metrics.waiting_duplicates);
+    let mut lease_end = Instant::now() + left;
     loop {
         let now = Instant::now();
         if now >= deadline {
-            return Asked::Running { left };
+            return Waited::Ended(Asked::Running { left: lease_end.saturating_duration_since(now) });
         }
         // Past the lookup's lease the record is read again all the same: a lookup whose
         // gateway died holds nothing once its lease has passed.
-        watch.changed(deadline.min(now + left)).await;
+        watch.changed(deadline.min(lease_end)).await;
         // Registered before the read, so that an end between the two is not missed.
         watch = rt.store.watch(record);
         let state = match rt.store.get(record).await {
@@ -222,18 +240,20 @@ async fn wait_for_lookup(
             Err(e) => {
                 route.metrics.store_error();
                 tracing::debug!(route = %route.name, key = record.short(), error = %e, "cannot read a key whose lookup this retry waits for");
-                return Asked::Failed;
+                return Waited::Ended(Asked::Failed);
             }
         };
         match state {
-            Some(EntryState::Unknown { lookup: Some(running), .. }) => left = running,
+            Some(EntryState::Unknown { lookup: Some(running), .. }) => lease_end = Instant::now() + running,
+            // Not running, and its lease is over: nobody ended it.
+            Some(EntryState::Unknown { lookup: None, .. }) if Instant::now() >= lease_end => return Waited::Abandoned,
             // It ended and settled nothing: "not found" too early to trust, or no answer.
             Some(EntryState::Unknown { lookup: None, trusted_in: Some(left) }) if !left.is_zero() => {
-                return Asked::TooEarly { left };
+                return Waited::Ended(Asked::TooEarly { left });
             }
-            Some(EntryState::Unknown { lookup: None, .. }) => return Asked::Failed,
+            Some(EntryState::Unknown { lookup: None, .. }) => return Waited::Ended(Asked::Failed),
             // Completed, released or gone: the claim says which.
-            _ => return Asked::Changed,
+            _ => return Waited::Ended(Asked::Changed),
         }
     }
 }

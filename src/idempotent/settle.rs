@@ -21,7 +21,9 @@
 //! A try whose reply was lost may have been applied, so the next one may find the record
 //! already settled. The store answers `Done` when this owner settled it with this outcome,
 //! and `Lost` only when somebody else's claim or outcome is there: a takeover, counted and
-//! logged as `lease_lost`, never taken for a settle that landed.
+//! logged as `lease_lost`, never taken for a settle that landed. (The converse can happen:
+//! a settle that landed, whose record a lookup or an operator then moved on before the next
+//! try, is reported lost: a false alarm, which errs the safe way.)
 
 use std::future::Future;
 use std::pin::Pin;
@@ -59,8 +61,8 @@ impl<'a> Settle<'a> {
         *self.lease_end.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// A renewal sent at `sent` was applied: the lease now ends a lease after that, at the
-    /// latest.
+    /// A renewal sent at `sent` was applied: the lease now ends no earlier than a lease
+    /// after that.
     fn renewed(&self, lease: &Lease, sent: Instant) {
         let mut end = self.lease_end.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         *end = (*end).max(sent + lease.duration());

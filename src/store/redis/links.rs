@@ -350,15 +350,16 @@ pub(super) fn unavailable(e: redis::RedisError) -> StoreError {
 
 /// Whether Redis answered and refused this one command (an argument out of range, a key of
 /// another type, a script's own error): the store is up, and taking the refusal for an outage
-/// would report one that is not there (and hide the bug that sent the command).
+/// would report one that is not there (and hide the bug that sent the command). Only the codes
+/// that say so; any other (`LOADING`, `READONLY`, `MASTERDOWN`, `BUSY`, `OOM`, `MISCONF`,
+/// `NOREPLICAS`, `NOPERM`, `NOAUTH`, `WRONGPASS`, a proxy's or a module's own) is an outage:
+/// a store that refuses for a reason of its own must not pass for one that answers.
 fn refused_command(e: &redis::RedisError) -> bool {
     // No code: the connection failed, or its reply could not be read.
-    let Some(code) = e.code() else { return false };
-    match code {
-        // The server can serve nothing like it now, whatever the arguments.
-        "LOADING" | "MASTERDOWN" | "READONLY" | "BUSY" | "OOM" | "MISCONF" | "NOREPLICAS" | "NOPERM" => false,
-        "ERR" => !e.detail().is_some_and(|d| d.contains("max number of clients")),
-        _ => true,
+    match e.code() {
+        Some("ERR") => !e.detail().is_some_and(|d| d.contains("max number of clients")),
+        Some("WRONGTYPE" | "EXECABORT") => true,
+        _ => false,
     }
 }
 
@@ -401,6 +402,8 @@ mod classification {
             RedisError::from((ErrorKind::Server(ServerErrorKind::BusyLoading), "loading")),
             RedisError::from((ErrorKind::Server(ServerErrorKind::ReadOnly), "replica")),
             make_extension_error("OOM".into(), Some("command not allowed when used memory > 'maxmemory'".into())),
+            make_extension_error("WRONGPASS".into(), Some("invalid username-password pair".into())),
+            make_extension_error("NOAUTH".into(), Some("Authentication required.".into())),
             RedisError::from((
                 ErrorKind::Server(ServerErrorKind::ResponseError),
                 "An error was signalled by the server",

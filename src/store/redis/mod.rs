@@ -184,7 +184,14 @@ impl RedisStore {
             match result.as_ref().err().map(|e| (e.kind(), e.redirect_node())) {
                 Some((ErrorKind::Server(ServerErrorKind::Moved), _)) => {
                     self.commands.inc();
-                    result = request.send(&mut conn).await;
+                    result = match (request.send(&mut conn).await, on_noscript) {
+                        // The slot's new node may not have the script yet.
+                        (Err(e), Some(eval)) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                            self.commands.inc();
+                            eval().send(&mut conn).await
+                        }
+                        (result, _) => result,
+                    };
                 }
                 // `redirect_node` is the node's "host:port" and the slot. Boxed: making a
                 // connection is a large future, and inline it would swell every store call's
