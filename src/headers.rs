@@ -70,6 +70,15 @@ pub fn strip(headers: &mut HeaderMap, also: impl Fn(&HeaderName) -> bool) {
     }
 }
 
+/// Whether an answer with `status` has no body, so that a replay sends none and no length:
+/// 204 No Content, 205 Reset Content and 304 Not Modified (RFC 9110 §15.3.5, §15.3.6,
+/// §15.4.5), and the informational statuses.
+pub fn has_no_body(status: http::StatusCode) -> bool {
+    use http::StatusCode;
+    status.is_informational()
+        || matches!(status, StatusCode::NO_CONTENT | StatusCode::RESET_CONTENT | StatusCode::NOT_MODIFIED)
+}
+
 /// Why a response header is never stored for replay, whatever a route says; `None` for one
 /// that may be. A replay must never hand one client's session cookie or credential challenge
 /// to whoever retries, nor carry anything of one connection or a framing of its own.

@@ -16,6 +16,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use thiserror::Error;
 
+pub use crate::headers::has_no_body;
 use crate::headers::{self, StoredHeaders};
 use crate::store::StoredResponse;
 
@@ -48,14 +49,6 @@ pub enum AnswerError {
     /// A body on a status that has none.
     #[error("status {0} has no body (RFC 9110 §15); send the answer without one")]
     BodyNotAllowed(u16),
-}
-
-/// Whether an answer with `status` has no body, so that a replay sends none and no length:
-/// 204 No Content, 205 Reset Content and 304 Not Modified (RFC 9110 §15.3.5, §15.3.6,
-/// §15.4.5), and the informational statuses.
-pub fn has_no_body(status: StatusCode) -> bool {
-    status.is_informational()
-        || matches!(status, StatusCode::NO_CONTENT | StatusCode::RESET_CONTENT | StatusCode::NOT_MODIFIED)
 }
 
 /// Why the header `name` can never be part of an answer an operator gives, if it cannot: the

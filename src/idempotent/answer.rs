@@ -14,7 +14,6 @@ use crate::body::{self, Body};
 use crate::error::Problem;
 use crate::headers;
 use crate::metrics::Outcome;
-use crate::operator;
 use crate::policy::errors::ErrorShape;
 use crate::store::StoredResponse;
 
@@ -39,7 +38,7 @@ pub fn replay(stored: StoredResponse, replay_header: &HeaderName) -> Response<Bo
     headers.insert(replay_header.clone(), HeaderValue::from_static("true"));
     // No `Date`: it is never stored (`headers::storable`), so hyper dates the replay when it
     // is sent, not when the first answer was (RFC 9110 §6.6.1).
-    let body = if operator::has_no_body(status) { body::full(Bytes::new()) } else { body::payload(body) };
+    let body = if headers::has_no_body(status) { body::full(Bytes::new()) } else { body::payload(body) };
     let mut response = Response::new(body);
     *response.status_mut() = status;
     *response.headers_mut() = headers;
@@ -65,7 +64,7 @@ pub fn not_stored(
 ) -> Response<Body> {
     let mut response = Problem::not_stored(head.status).respond_as(problem_base, shape);
     // The status sent, which `[errors.response-not-stored]` may have changed.
-    if operator::has_no_body(response.status()) {
+    if headers::has_no_body(response.status()) {
         // A 204 or 304 carries no problem document (nor its type).
         *response.body_mut() = body::full(Bytes::new());
         response.headers_mut().remove(header::CONTENT_TYPE);
@@ -225,7 +224,7 @@ mod tests {
             let bytes = runtime.block_on(wire(replay(stored, &HeaderName::from_static("idempotent-replay"))));
             let (got, got_body, rest) = one_response(&bytes).map_err(|e| TestCaseError::fail(format!("{e}: {:?}", String::from_utf8_lossy(&bytes))))?;
             prop_assert_eq!(got, status.as_u16());
-            let expected = if operator::has_no_body(status) { Bytes::new() } else { body };
+            let expected = if headers::has_no_body(status) { Bytes::new() } else { body };
             prop_assert_eq!(Bytes::from(got_body), expected);
             let (next, next_body, after) = one_response(rest).map_err(TestCaseError::fail)?;
             prop_assert_eq!((next, next_body.as_slice()), (200, &b"next"[..]));

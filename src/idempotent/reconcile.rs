@@ -50,7 +50,6 @@ use crate::error::Settling;
 use crate::forwarded::Peer;
 use crate::headers;
 use crate::metrics::{GaugeHold, Reconciliation};
-use crate::operator;
 use crate::policy::fingerprint::Fingerprint;
 use crate::policy::key::IdempotencyKey;
 use crate::policy::reconcile::Reconcile;
@@ -392,7 +391,7 @@ async fn call(route: &IdempotentRoute, reconcile: &Reconcile, question: &Questio
         let headers = headers::storable(&parts.headers, &route.policy.stored_headers);
         let status = reconcile.answer_status.unwrap_or(status);
         // A status without a body (`answer_status = 204`) is replayed without one: none is kept.
-        let body = if operator::has_no_body(status) { Default::default() } else { body };
+        let body = if headers::has_no_body(status) { Default::default() } else { body };
         return Answer::Found(StoredResponse { status, headers, body });
     }
     if reconcile.not_found.contains(status) {

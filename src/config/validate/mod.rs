@@ -164,7 +164,7 @@ pub(super) fn warnings(config: &Config) -> Vec<Issue> {
             _ => {}
         }
         if let Some(status) = policy.reconcile.as_ref().and_then(|r| r.answer_status)
-            && crate::operator::has_no_body(status)
+            && crate::headers::has_no_body(status)
         {
             out.add(
                 format!("routes[{i}].idempotency.reconcile.answer_status"),
