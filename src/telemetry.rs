@@ -305,7 +305,9 @@ impl ChildSpan {
 /// members longer than 128 characters go first, then members from the end. Several
 /// `tracestate` fields are one list. Without a member left, the field goes.
 pub fn bound_tracestate(headers: &mut HeaderMap) {
-    let mut values = headers.get_all("tracestate").iter();
+    // A name made once, not parsed from a string at every request: this runs for all of them.
+    const TRACESTATE: http::HeaderName = http::HeaderName::from_static("tracestate");
+    let mut values = headers.get_all(&TRACESTATE).iter();
     let Some(first) = values.next() else { return };
     let joined;
     let text = match values.next() {
