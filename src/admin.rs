@@ -46,7 +46,8 @@ use crate::policy::scope::{MissingScope, Scope};
 use crate::reload::Live;
 use crate::runtime::IdempotentRoute;
 use crate::store::{
-    Cursor, Entry, EntryState, Held, IndexKey, Purged, RecordKey, Resolved, Severity, Store, StoreError, StoredResponse,
+    Cursor, Entry, EntryState, IndexKey, Purged, RecordKey, Resolved, Severity, State, Store, StoreError,
+    StoredResponse,
 };
 
 /// The admin service's shared state.
@@ -224,7 +225,7 @@ async fn refresh_unknown_records(admin: &Admin, gw: &Gateway) {
             continue;
         }
         let index = IndexKey::new(rt.key_prefix(), &route.name);
-        match rt.store.count(&index, Held::Unknown).await {
+        match rt.store.count(&index, State::Unknown).await {
             Ok(count) => rt.metrics.set_unknown_records(&route.name, count),
             Err(e) => {
                 tracing::debug!(route = %route.name, error = %e, "cannot count unknown records");
@@ -351,7 +352,7 @@ async fn keys(gw: &Gateway, peer: IpAddr, request: Request<Incoming>) -> Respons
             let action = if force { "forced-release" } else { "release" };
             match rt.store.purge(&record, force).await {
                 Ok(Purged::Released { was }) => {
-                    audit(action, Some(was), "released");
+                    audit(action, Some(was.name()), "released");
                     let _ = rt.store.unindex(&index, &record).await;
                     json_response(StatusCode::OK, &json!({ "released": true, "was": was }))
                 }
@@ -360,7 +361,7 @@ async fn keys(gw: &Gateway, peer: IpAddr, request: Request<Incoming>) -> Respons
                     json_response(StatusCode::OK, &json!({ "released": false, "was": null }))
                 }
                 Ok(Purged::Refused { lease_left }) => {
-                    audit(action, Some("in_progress"), "refused: a request holds the key");
+                    audit(action, Some(State::InProgress.name()), "refused: a request holds the key");
                     let detail = format!(
                         "A request holds this key and may be running upstream now (its lease ends within {}s): \
                          released, a retry would run it a second time beside it. Nothing changed. Wait for it to \
@@ -368,7 +369,7 @@ async fn keys(gw: &Gateway, peer: IpAddr, request: Request<Incoming>) -> Respons
                         lease_left.as_secs_f64().ceil()
                     );
                     let mut r = problem(gw, StatusCode::CONFLICT, "admin-conflict", "Not releasable", &detail);
-                    r.headers_mut().insert("x-record-state", HeaderValue::from_static("in_progress"));
+                    r.headers_mut().insert("x-record-state", HeaderValue::from_static(State::InProgress.name()));
                     r
                 }
                 Err(e) => {
@@ -387,12 +388,12 @@ async fn keys(gw: &Gateway, peer: IpAddr, request: Request<Incoming>) -> Respons
             };
             match rt.store.resolve(&record, &answer, route.policy.retention).await {
                 Ok(Resolved::Done { was }) => {
-                    audit("resolve", Some(was), &format!("resolved with {}", answer.status.as_u16()));
+                    audit("resolve", Some(was.name()), &format!("resolved with {}", answer.status.as_u16()));
                     let _ = rt.store.unindex(&index, &record).await;
                     json_response(StatusCode::OK, &json!({ "resolved": true, "was": was }))
                 }
                 Ok(Resolved::Refused { state }) => {
-                    let state = state.unwrap_or("absent");
+                    let state = state.map_or("absent", State::name);
                     audit("resolve", Some(state), "refused: not unknown or executed");
                     let detail = format!(
                         "The record is {state}: only an unknown or executed record can be resolved. Nothing changed."
@@ -459,7 +460,7 @@ fn record_of(
 /// What `GET /keys` says about one record.
 fn describe(entry: &Entry) -> serde_json::Value {
     let mut doc = json!({
-        "state": entry.state.name(),
+        "state": entry.state.state(),
         "attempt": entry.attempt,
         "expires_in_ms": entry.expires_in.as_millis() as u64,
     });
@@ -490,7 +491,7 @@ fn describe(entry: &Entry) -> serde_json::Value {
 /// (the index is best-effort): one that moved on is dropped from the index and not listed.
 async fn list(gw: &Gateway, route: &IdempotentRoute, query: &KeysQuery) -> Response<Body> {
     let bad = |detail: &str| problem(gw, StatusCode::BAD_REQUEST, "admin-bad-request", "Bad request", detail);
-    let Some(held) = query.state.as_deref().and_then(Held::parse) else {
+    let Some(held) = query.state.as_deref().and_then(State::parse).filter(|state| state.is_held()) else {
         return bad("state must be unknown or executed: the states that need an operator.");
     };
     let limit = match query.limit.as_deref().map(str::parse::<usize>) {
@@ -519,8 +520,7 @@ async fn list(gw: &Gateway, route: &IdempotentRoute, query: &KeysQuery) -> Respo
             Ok(state) => state,
             Err(e) => return store_failed(gw, e),
         };
-        let current = state.as_ref().map(|e| e.state.name());
-        if current != Some(held.name()) {
+        if state.as_ref().map(|e| e.state.state()) != Some(held) {
             let _ = rt.store.unindex(&index, &record).await;
             continue;
         }
@@ -528,7 +528,7 @@ async fn list(gw: &Gateway, route: &IdempotentRoute, query: &KeysQuery) -> Respo
         records.push(json!({
             "key": entry.key,
             "scope_hash": entry.scope_hash,
-            "state": held.name(),
+            "state": held,
             "attempt": attempt,
             "since_ms": now.saturating_sub(entry.since_unix_ms),
             "method": entry.method,
@@ -539,7 +539,7 @@ async fn list(gw: &Gateway, route: &IdempotentRoute, query: &KeysQuery) -> Respo
         StatusCode::OK,
         &json!({
             "route": route.name,
-            "state": held.name(),
+            "state": held,
             "records": records,
             "next_cursor": page.next.map(|c| c.encode()),
         }),

@@ -445,7 +445,7 @@ async fn a_store_down_for_three_of_the_leases_five_seconds_still_settles_the_ans
 /// lease, counted and logged, never taken for an earlier try of its own that landed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_takeover_while_a_settle_is_retried_is_counted_as_a_lost_lease() {
-    use idemgate::store::{Final, OwnerToken, Purged, RedisStore, Settled, Store, StoredResponse};
+    use idemgate::store::{Final, OwnerToken, Purged, RedisStore, Settled, State, Store, StoredResponse};
     let slow = TestUpstream::with(Behavior { delay: Duration::from_millis(600), ..Behavior::default() }).await;
     let Proxied { proxy, upstream, gw, client } = proxied(slow, r#"scope = "global""#).await;
     let first = tokio::spawn({
@@ -461,7 +461,7 @@ async fn a_takeover_while_a_settle_is_retried_is_counted_as_a_lost_lease() {
     let prefix = gw.config.store.key_prefix.clone();
     let direct = RedisStore::new(&RedisServer::shared().url(), 1, Duration::from_secs(2), &prefix).unwrap();
     let record = support::record_key(&prefix, "taken");
-    assert_eq!(direct.purge(&record, true).await.unwrap(), Purged::Released { was: "in_progress" });
+    assert_eq!(direct.purge(&record, true).await.unwrap(), Purged::Released { was: State::InProgress });
     let fingerprint = idemgate::policy::fingerprint::Fingerprint::from_bytes([9; 32]);
     let lease = match direct
         .claim(&record, &fingerprint, OwnerToken::generate(), Duration::from_secs(10), Duration::from_secs(20))

@@ -14,8 +14,8 @@ use http::{HeaderMap, HeaderValue, StatusCode};
 use idemgate::policy::fingerprint::Fingerprint;
 use idemgate::policy::scope::{self, MissingScope, ScopeSource};
 use idemgate::store::{
-    Backend, Claim, Cursor, EntryState, Final, Held, IndexEntry, IndexKey, Lease, LookupEnd, LookupEnded, LookupStart,
-    MemoryStore, OwnerToken, Purged, QuotaKey, RecordKey, RedisStore, Renewal, Resolved, Sent, Settled, Store,
+    Backend, Claim, Cursor, EntryState, Final, IndexEntry, IndexKey, Lease, LookupEnd, LookupEnded, LookupStart,
+    MemoryStore, OwnerToken, Purged, QuotaKey, RecordKey, RedisStore, Renewal, Resolved, Sent, Settled, State, Store,
     StoredResponse,
 };
 use support::cluster::RedisCluster;
@@ -174,7 +174,7 @@ async fn an_unknown_outcome_refuses_retries_until_purged(store: Backend, p: Stri
         assert!(matches!(claim(&store, &k, fp(1)).await, Claim::Unknown { attempt: 1 }));
     }
     assert!(matches!(claim(&store, &k, fp(2)).await, Claim::Mismatch), "422 is still checked first");
-    assert_eq!(store.purge(&k, false).await.unwrap(), Purged::Released { was: "unknown" });
+    assert_eq!(store.purge(&k, false).await.unwrap(), Purged::Released { was: State::Unknown });
     assert_eq!(acquire(&store, &k, fp(1), LEASE).await.attempt(), 2, "after reconciling, the next attempt");
 }
 
@@ -182,9 +182,9 @@ async fn an_executed_record_answers_with_its_head(store: Backend, p: String) {
     let k = record(&p, "a");
     let lease = acquire(&store, &k, fp(1), LEASE).await;
     let head = response(b"");
-    assert_eq!(store.settle(&lease, Final::NotStored(&head), RETENTION).await.unwrap(), Settled::Done);
+    assert_eq!(store.settle(&lease, Final::Executed(&head), RETENTION).await.unwrap(), Settled::Done);
     match claim(&store, &k, fp(1)).await {
-        Claim::NotStored(r) => assert_eq!(r, head),
+        Claim::Executed(r) => assert_eq!(r, head),
         other => panic!("expected Executed, got {other:?}"),
     }
     assert_eq!(store.get(&k).await.unwrap().unwrap().state, EntryState::Executed { status: 201 });
@@ -270,7 +270,7 @@ async fn get_describes_records_and_purge_releases_them(store: Backend, p: String
     let entry = store.get(&k).await.unwrap().unwrap();
     assert_eq!(entry.state, EntryState::Completed { status: 201, body_len: 5 });
     assert!(entry.attempt == 1 && entry.expires_in <= RETENTION);
-    assert_eq!(store.purge(&k, false).await.unwrap(), Purged::Released { was: "completed" });
+    assert_eq!(store.purge(&k, false).await.unwrap(), Purged::Released { was: State::Completed });
     assert_eq!(store.purge(&k, false).await.unwrap(), Purged::Nothing);
     let entry = store.get(&k).await.unwrap().unwrap();
     assert_eq!((entry.state, entry.attempt), (EntryState::Released, 1));
@@ -279,7 +279,7 @@ async fn get_describes_records_and_purge_releases_them(store: Backend, p: String
 async fn purged_claim_cannot_be_completed(store: Backend, p: String) {
     let k = record(&p, "a");
     let lease = acquire(&store, &k, fp(1), LEASE).await;
-    assert_eq!(store.purge(&k, true).await.unwrap(), Purged::Released { was: "in_progress" });
+    assert_eq!(store.purge(&k, true).await.unwrap(), Purged::Released { was: State::InProgress });
     assert_eq!(store.renew(&lease).await.unwrap(), Renewal::Lost);
     assert_eq!(complete(&store, lease, &response(b"{}"), RETENTION).await, Settled::Lost);
     assert_eq!(store.get(&k).await.unwrap().unwrap().state, EntryState::Released);
@@ -296,7 +296,7 @@ async fn a_settle_sent_again_by_its_owner_is_done_and_a_takeover_is_lost(store: 
     assert_eq!(store.settle(&lease, Final::Response(&answer), RETENTION).await.unwrap(), Settled::Done);
     assert_eq!(store.settle(&lease, Final::Response(&answer), RETENTION).await.unwrap(), Settled::Done, "again");
     assert_eq!(
-        store.settle(&lease, Final::NotStored(&answer), RETENTION).await.unwrap(),
+        store.settle(&lease, Final::Executed(&answer), RETENTION).await.unwrap(),
         Settled::Lost,
         "another outcome"
     );
@@ -339,13 +339,13 @@ async fn a_running_claim_is_purged_only_by_force(store: Backend, p: String) {
     }
     assert_eq!(store.renew(&lease).await.unwrap(), Renewal::Renewed, "still the owner's");
     assert!(matches!(claim(&store, &k, fp(1)).await, Claim::InFlight { .. }), "a retry still waits for it");
-    assert_eq!(store.purge(&k, true).await.unwrap(), Purged::Released { was: "in_progress" });
+    assert_eq!(store.purge(&k, true).await.unwrap(), Purged::Released { was: State::InProgress });
     assert_eq!(complete(&store, lease, &response(b"{}"), RETENTION).await, Settled::Lost);
     // A lease that has passed: released without force, as the next claim would take it over.
     let dead = record(&p, "dead");
     let _gone = acquire(&store, &dead, fp(1), Duration::from_millis(300)).await;
     tokio::time::sleep(Duration::from_millis(400)).await;
-    assert_eq!(store.purge(&dead, false).await.unwrap(), Purged::Released { was: "in_progress" });
+    assert_eq!(store.purge(&dead, false).await.unwrap(), Purged::Released { was: State::InProgress });
     assert_eq!(store.get(&dead).await.unwrap().unwrap().state, EntryState::Released);
 }
 
@@ -524,12 +524,12 @@ async fn an_operator_resolves_unknown_and_executed_records_only(store: Backend, 
     let token = OwnerToken::generate();
     assert!(matches!(store.begin_lookup(&key, &fp(1), token, LOOKUP).await.unwrap(), LookupStart::Started { .. }));
     let answer = response(b"operator");
-    assert_eq!(store.resolve(&key, &answer, RETENTION).await.unwrap(), Resolved::Done { was: "unknown" });
+    assert_eq!(store.resolve(&key, &answer, RETENTION).await.unwrap(), Resolved::Done { was: State::Unknown });
     assert_eq!(store.end_lookup(&key, token, LookupEnd::NotFound { ttl: TTL }).await.unwrap(), LookupEnded::Lost);
     assert!(matches!(claim(&store, &key, fp(1)).await, Claim::Completed(r) if r == answer));
     assert_eq!(
         store.resolve(&key, &answer, RETENTION).await.unwrap(),
-        Resolved::Refused { state: Some("completed") },
+        Resolved::Refused { state: Some(State::Completed) },
         "a completed record is not rewritten"
     );
     assert_eq!(
@@ -538,13 +538,13 @@ async fn an_operator_resolves_unknown_and_executed_records_only(store: Backend, 
     );
     let executed = record(&p, "resolve-x");
     let lease = acquire(&store, &executed, fp(1), LEASE).await;
-    store.settle(&lease, Final::NotStored(&response(b"")), RETENTION).await.unwrap();
-    assert_eq!(store.resolve(&executed, &answer, RETENTION).await.unwrap(), Resolved::Done { was: "executed" });
+    store.settle(&lease, Final::Executed(&response(b"")), RETENTION).await.unwrap();
+    assert_eq!(store.resolve(&executed, &answer, RETENTION).await.unwrap(), Resolved::Done { was: State::Executed });
     let open = record(&p, "resolve-p");
     let _lease = acquire(&store, &open, fp(1), LEASE).await;
     assert_eq!(
         store.resolve(&open, &answer, RETENTION).await.unwrap(),
-        Resolved::Refused { state: Some("in_progress") }
+        Resolved::Refused { state: Some(State::InProgress) }
     );
 }
 
@@ -566,16 +566,16 @@ async fn the_index_pages_by_state_and_forgets(store: Backend, p: String) {
     for (n, r) in records.iter().enumerate() {
         // Two of them share one expiry, so that a page boundary falls inside a tie.
         let expires = RETENTION + Duration::from_secs(if n < 2 { 0 } else { n as u64 });
-        store.index(&index, Held::Unknown, &entry(r, n), expires).await.unwrap();
+        store.index(&index, State::Unknown, &entry(r, n), expires).await.unwrap();
     }
-    store.index(&index, Held::Executed, &entry(&records[6], 6), RETENTION).await.unwrap();
-    store.index(&other, Held::Unknown, &entry(&records[0], 0), RETENTION).await.unwrap();
-    assert_eq!(store.count(&index, Held::Unknown).await.unwrap(), 6, "moved to executed");
-    assert_eq!(store.count(&index, Held::Executed).await.unwrap(), 1);
+    store.index(&index, State::Executed, &entry(&records[6], 6), RETENTION).await.unwrap();
+    store.index(&other, State::Unknown, &entry(&records[0], 0), RETENTION).await.unwrap();
+    assert_eq!(store.count(&index, State::Unknown).await.unwrap(), 6, "moved to executed");
+    assert_eq!(store.count(&index, State::Executed).await.unwrap(), 1);
     let mut seen = Vec::new();
     let mut cursor: Option<Cursor> = None;
     for _ in 0..10 {
-        let page = store.list(&index, Held::Unknown, cursor, 1).await.unwrap();
+        let page = store.list(&index, State::Unknown, cursor, 1).await.unwrap();
         seen.extend(page.entries.iter().map(|(e, _)| e.record.clone()));
         cursor = page.next;
         if cursor.is_none() {
@@ -588,15 +588,15 @@ async fn the_index_pages_by_state_and_forgets(store: Backend, p: String) {
     expected.sort();
     assert_eq!(got, expected, "every entry once, across pages of one");
     assert_eq!(seen.len(), 6);
-    let page = store.list(&index, Held::Unknown, None, 100).await.unwrap();
+    let page = store.list(&index, State::Unknown, None, 100).await.unwrap();
     // Oldest expiry first, each description as written.
     let first = &page.entries[0].0;
     assert!(*first == entry(&records[0], 0) || *first == entry(&records[1], 1), "{first:?}");
     assert_eq!(page.entries[5].0, entry(&records[5], 5));
     assert!(page.next.is_none());
     store.unindex(&index, &records[3]).await.unwrap();
-    assert_eq!(store.count(&index, Held::Unknown).await.unwrap(), 5);
-    assert_eq!(store.count(&other, Held::Unknown).await.unwrap(), 1, "indexes are per route");
+    assert_eq!(store.count(&index, State::Unknown).await.unwrap(), 5);
+    assert_eq!(store.count(&other, State::Unknown).await.unwrap(), 1, "indexes are per route");
 }
 
 macro_rules! contract {

@@ -35,7 +35,7 @@ use http::{HeaderMap, HeaderValue, StatusCode};
 use idemgate::policy::fingerprint::Fingerprint;
 use idemgate::store::{
     Claim, EntryState, Final, Lease, MemoryStore, OwnerToken, Purged, RecordKey, RedisStore, Renewal, Sent, Settled,
-    Store, StoredResponse,
+    State, Store, StoredResponse,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};
@@ -465,10 +465,10 @@ impl Model {
                 stats.purges_refused += 1;
                 return Outcome::Purged(Purged::Refused { lease_left: Duration::from_millis(deadline - self.now) });
             }
-            Record::InProgress { .. } => "in_progress",
-            Record::Completed { .. } => "completed",
-            Record::Executed { .. } => "executed",
-            Record::Unknown { .. } => "unknown",
+            Record::InProgress { .. } => State::InProgress,
+            Record::Completed { .. } => State::Completed,
+            Record::Executed { .. } => State::Executed,
+            Record::Unknown { .. } => State::Unknown,
             Record::Released { .. } => return Outcome::Purged(Purged::Nothing),
         };
         stats.purged += 1;
@@ -739,7 +739,7 @@ async fn run_case<S: Store>(
                         lease.attempt() == *attempt && lease.key() == &keys[key] && lease.duration() == LEASE
                     }
                     (Outcome::Replayed { response }, Claim::Completed(r)) => *r == responses[*response],
-                    (Outcome::ExecutedReplay { response }, Claim::NotStored(r)) => *r == head(&responses[*response]),
+                    (Outcome::ExecutedReplay { response }, Claim::Executed(r)) => *r == head(&responses[*response]),
                     (Outcome::UnknownRefused { attempt }, Claim::Unknown { attempt: a }) => attempt == a,
                     (Outcome::InFlight { lease_left_ms }, Claim::InFlight { lease_left }) => {
                         clock.matches(*lease_left_ms, *lease_left)
@@ -786,7 +786,7 @@ async fn run_case<S: Store>(
                     End::Response(r) => Final::Response(&responses[r]),
                     End::Executed(r) => {
                         executed = head(&responses[r]);
-                        Final::NotStored(&executed)
+                        Final::Executed(&executed)
                     }
                     End::Unknown => Final::Unknown { trusted_in: Duration::ZERO },
                 };
@@ -803,7 +803,7 @@ async fn run_case<S: Store>(
                     End::Response(r) => Final::Response(&responses[r]),
                     End::Executed(r) => {
                         executed = head(&responses[r]);
-                        Final::NotStored(&executed)
+                        Final::Executed(&executed)
                     }
                     End::Unknown => Final::Unknown { trusted_in: Duration::ZERO },
                 };
@@ -1117,7 +1117,7 @@ const EXAMPLE: &[(Op, Outcome)] = &[
     (Op::Settle { lease: 0, end: End::Unknown }, Outcome::Done),
     (Op::Claim { key: 0, fp: 1 }, Outcome::UnknownRefused { attempt: 2 }),
     (Op::Claim { key: 0, fp: 0 }, Outcome::Mismatch),
-    (Op::Purge { key: 0, force: false }, Outcome::Purged(Purged::Released { was: "unknown" })),
+    (Op::Purge { key: 0, force: false }, Outcome::Purged(Purged::Released { was: State::Unknown })),
     (Op::Get { key: 0 }, Outcome::ReleasedEntry { attempt: 2, expires_in_ms: 30_000 }),
     // Key 1: a claim whose owner vanished expires with the open-claim ttl, exactly.
     (Op::Claim { key: 1, fp: 0 }, Outcome::Acquired { attempt: 1 }), // held: [D]
@@ -1139,7 +1139,7 @@ const EXAMPLE: &[(Op, Outcome)] = &[
     (Op::Get { key: 2 }, Outcome::InProgress { attempt: 1, lease_left_ms: 10_000, expires_in_ms: 60_000 }),
     // A live claim is released only by force; the purged claim is lost to its owner.
     (Op::Purge { key: 2, force: false }, Outcome::Purged(Purged::Refused { lease_left: Duration::from_secs(10) })),
-    (Op::Purge { key: 2, force: true }, Outcome::Purged(Purged::Released { was: "in_progress" })),
+    (Op::Purge { key: 2, force: true }, Outcome::Purged(Purged::Released { was: State::InProgress })),
     (Op::Purge { key: 2, force: false }, Outcome::Purged(Purged::Nothing)),
     (Op::Renew { lease: 0 }, Outcome::Lost),
     (Op::Release { lease: 0, sent: true }, Outcome::Lost),

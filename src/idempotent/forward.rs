@@ -44,7 +44,7 @@ use crate::policy::UnknownOutcomePolicy;
 use crate::policy::key::IdempotencyKey;
 use crate::policy::scope::Scope;
 use crate::runtime::{IdempotentRoute, Runtime};
-use crate::store::{Final, Held, IndexEntry, IndexKey, Payload, Sent, Store, StoredResponse};
+use crate::store::{Final, IndexEntry, IndexKey, Payload, Sent, State, Store, StoredResponse};
 use crate::telemetry::{ChildSpan, RequestSpan};
 use crate::upstream::{Upstream, UpstreamError};
 
@@ -234,8 +234,8 @@ impl Exchange {
                 let held = match end {
                     StreamEnd::Complete | StreamEnd::ClientGone => {
                         route.metrics.not_stored();
-                        settle.finish(lease, Final::NotStored(&head), 0).await;
-                        Some(Held::Executed)
+                        settle.finish(lease, Final::Executed(&head), 0).await;
+                        Some(State::Executed)
                     }
                     // The upstream broke its own answer off.
                     StreamEnd::Broken => held_by(settle.unknown(lease, Duration::ZERO).await),
@@ -287,9 +287,9 @@ fn settling(route: &IdempotentRoute) -> Settling {
 
 /// The state an unknown outcome leaves its key in: held as unknown, or released (nothing to
 /// attend to).
-fn held_by(policy: UnknownOutcomePolicy) -> Option<Held> {
+fn held_by(policy: UnknownOutcomePolicy) -> Option<State> {
     match policy {
-        UnknownOutcomePolicy::Hold => Some(Held::Unknown),
+        UnknownOutcomePolicy::Hold => Some(State::Unknown),
         UnknownOutcomePolicy::Release => None,
     }
 }
@@ -305,7 +305,7 @@ impl Trail {
     /// need an operator, and, on a route that reconciles, a lookup in the background. After
     /// the client's answer, which neither delays. Best effort: the index is checked against
     /// the record when read.
-    fn record(self, rt: &Arc<Runtime>, route: &Arc<IdempotentRoute>, held: Option<Held>, confirmed: bool) {
+    fn record(self, rt: &Arc<Runtime>, route: &Arc<IdempotentRoute>, held: Option<State>, confirmed: bool) {
         // An unconfirmed claim (fail-open) may have no record at all.
         let Some(held) = held.filter(|_| confirmed) else { return };
         let Self { key, scope, method, uri, question } = self;
@@ -328,7 +328,7 @@ impl Trail {
                 tracing::debug!(route = %route2.name, key = record.short(), error = %e, "cannot index a record that needs an operator");
             }
         });
-        if let Some(question) = question.filter(|_| held == Held::Unknown) {
+        if let Some(question) = question.filter(|_| held == State::Unknown) {
             reconcile::later(rt, route, question);
         }
     }

@@ -3,7 +3,7 @@
 //! ```text
 //! identify ─▶ claim ─┬─ Acquired ─▶ admit ─▶ forward ─▶ settle ─▶ answer (first)
 //!                    ├─ Completed ───────────────────────────────▶ answer (replay)
-//!                    ├─ NotStored ───────────────────────────────▶ answer ('response-not-stored')
+//!                    ├─ Executed ────────────────────────────────▶ answer ('response-not-stored')
 //!                    ├─ Unknown ─▶ reconcile ─┬─ found ──────────▶ answer (replay, reconciled)
 //!                    │                        ├─ released ───────▶ claim again (attempt N+1)
 //!                    │                        ├─ still asking ───▶ 409 + Retry-After
@@ -132,7 +132,7 @@ pub async fn handle(
         Ok(Claim::Completed(stored)) => {
             return Ok((Outcome::Replayed, answer::replay(stored, &route.policy.replay_header)));
         }
-        Ok(Claim::NotStored(head)) => {
+        Ok(Claim::Executed(head)) => {
             let response =
                 answer::not_stored(head, &route.policy.replay_header, &route.settings.problem_base, &route.errors);
             return Ok((Outcome::Replayed, response));

@@ -8,9 +8,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 
 use super::{
-    Claim, Cursor, Entry, Final, Held, IndexEntry, IndexKey, Lease, LookupEnd, LookupEnded, LookupStart, MemoryStore,
-    OwnerToken, Page, Purged, QuotaKey, RecordKey, RedisStore, Renewal, Resolved, Sent, Settled, Store, StoreError,
-    StoredResponse, Watch,
+    Claim, Cursor, Entry, Final, IndexEntry, IndexKey, Lease, LookupEnd, LookupEnded, LookupStart, MemoryStore,
+    OwnerToken, Page, Purged, QuotaKey, RecordKey, RedisStore, Renewal, Resolved, Sent, Settled, State, Store,
+    StoreError, StoredResponse, Watch,
 };
 use crate::config::{StoreBackendConfig, StoreConfig};
 use crate::policy::fingerprint::Fingerprint;
@@ -221,7 +221,7 @@ impl Store for Backend {
     async fn index(
         &self,
         index: &IndexKey,
-        held: Held,
+        held: State,
         entry: &IndexEntry,
         expires_in: Duration,
     ) -> Result<(), StoreError> {
@@ -233,13 +233,13 @@ impl Store for Backend {
     async fn list(
         &self,
         index: &IndexKey,
-        held: Held,
+        held: State,
         cursor: Option<Cursor>,
         limit: usize,
     ) -> Result<Page, StoreError> {
         delegate!(self, "index", s => s.list(index, held, cursor, limit).await)
     }
-    async fn count(&self, index: &IndexKey, held: Held) -> Result<u64, StoreError> {
+    async fn count(&self, index: &IndexKey, held: State) -> Result<u64, StoreError> {
         delegate!(self, "index", s => s.count(index, held).await)
     }
     fn watch(&self, key: &RecordKey) -> Watch {

@@ -13,7 +13,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use super::RecordKey;
+use super::{RecordKey, State};
 
 /// The name of one route's index (its keys share one Cluster hash slot).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -26,50 +26,15 @@ impl IndexKey {
         Self(format!("{prefix}:ix:{{{route}}}"))
     }
 
-    /// The sorted set of entries in `held`, scored by expiry.
-    pub fn set(&self, held: Held) -> String {
-        format!("{}:{}", self.0, held.letter())
+    /// The sorted set of entries in `held` (one of [`State::HELD`]), scored by expiry: the
+    /// state's letter is the set's suffix.
+    pub fn set(&self, held: State) -> String {
+        format!("{}:{}", self.0, char::from(held.letter()))
     }
 
     /// The hash holding each entry's description, by record name.
     pub fn data(&self) -> String {
         format!("{}:d", self.0)
-    }
-}
-
-/// The states that need an operator.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Held {
-    /// The outcome is unknown.
-    Unknown,
-    /// The request ran; its answer was too large to store.
-    Executed,
-}
-
-impl Held {
-    /// The record's state letter (see `layout`), also the set's suffix.
-    pub fn letter(self) -> &'static str {
-        match self {
-            Self::Unknown => "u",
-            Self::Executed => "x",
-        }
-    }
-
-    /// The name the admin API uses.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Unknown => "unknown",
-            Self::Executed => "executed",
-        }
-    }
-
-    /// Parses the admin API's name.
-    pub fn parse(text: &str) -> Option<Self> {
-        match text {
-            "unknown" => Some(Self::Unknown),
-            "executed" => Some(Self::Executed),
-            _ => None,
-        }
     }
 }
 

@@ -18,9 +18,9 @@ use tokio::time::Instant;
 use super::index::{expiry_score, live_start, unix_ms};
 use super::waiters::Waiters;
 use super::{
-    Claim, Cursor, Entry, EntryState, Final, Held, IndexEntry, IndexKey, Lease, LookupEnd, LookupEnded, LookupStart,
-    OwnerToken, Page, Purged, QuotaKey, RecordKey, Renewal, Resolved, Sent, Settled, Store, StoreError, StoredResponse,
-    Watch,
+    Claim, Cursor, Entry, EntryState, Final, IndexEntry, IndexKey, Lease, LookupEnd, LookupEnded, LookupStart,
+    OwnerToken, Page, Purged, QuotaKey, RecordKey, Renewal, Resolved, Sent, Settled, State, Store, StoreError,
+    StoredResponse, Watch,
 };
 use crate::policy::fingerprint::Fingerprint;
 
@@ -49,13 +49,14 @@ struct Slot {
     fingerprint: Fingerprint,
     attempt: u32,
     expires: (Instant, u64),
-    state: State,
+    data: Data,
     /// The owner whose settle wrote a completed, executed or unknown state (`None` when a
     /// lookup or an operator did): a settle sent again by that owner is answered `Done`.
     settled_by: Option<OwnerToken>,
 }
 
-enum State {
+/// What a record holds, by its state.
+enum Data {
     InProgress {
         owner: OwnerToken,
         deadline: Instant,
@@ -78,8 +79,8 @@ struct Unknown {
 /// One route's index: entries by (expiry score, record name), and each record's place.
 #[derive(Default)]
 struct Index {
-    order: BTreeMap<(Held, u64, String), IndexEntry>,
-    place: HashMap<String, (Held, u64)>,
+    order: BTreeMap<(State, u64, String), IndexEntry>,
+    place: HashMap<String, (State, u64)>,
 }
 
 impl Index {
@@ -93,24 +94,24 @@ impl Index {
 impl Slot {
     /// The record's state as the admin API shows it, at `now`.
     fn entry_state(&self, now: Instant) -> EntryState {
-        match &self.state {
-            State::InProgress { deadline, .. } => {
+        match &self.data {
+            Data::InProgress { deadline, .. } => {
                 EntryState::InProgress { lease_left: deadline.saturating_duration_since(now) }
             }
-            State::Completed(r) => EntryState::Completed { status: r.status.as_u16(), body_len: r.body.len() },
-            State::Executed(r) => EntryState::Executed { status: r.status.as_u16() },
-            State::Unknown(u) => EntryState::Unknown {
+            Data::Completed(r) => EntryState::Completed { status: r.status.as_u16(), body_len: r.body.len() },
+            Data::Executed(r) => EntryState::Executed { status: r.status.as_u16() },
+            Data::Unknown(u) => EntryState::Unknown {
                 lookup: u.lookup.filter(|(_, end)| *end > now).map(|(_, end)| end - now),
                 trusted_in: Some(u.trusted_at.saturating_duration_since(now)),
             },
-            State::Released => EntryState::Released,
+            Data::Released => EntryState::Released,
         }
     }
 
     fn weight(&self) -> u64 {
-        match &self.state {
-            State::Completed(r) | State::Executed(r) => r.weight() as u64,
-            State::InProgress { .. } | State::Unknown(_) | State::Released => 0,
+        match &self.data {
+            Data::Completed(r) | Data::Executed(r) => r.weight() as u64,
+            Data::InProgress { .. } | Data::Unknown(_) | Data::Released => 0,
         }
     }
 }
@@ -207,35 +208,35 @@ impl Store for MemoryStore {
         let now = Instant::now();
         let ttl = ttl.max(lease);
         let mut inner = self.lock();
-        let claimed = State::InProgress { owner, deadline: now + lease };
+        let claimed = Data::InProgress { owner, deadline: now + lease };
         let attempt = match inner.entries.get_mut(key) {
-            Some(slot) if matches!(slot.state, State::Released) => {
+            Some(slot) if matches!(slot.data, Data::Released) => {
                 slot.attempt += 1;
                 slot.fingerprint = *fingerprint;
-                slot.state = claimed;
+                slot.data = claimed;
                 slot.attempt
             }
             Some(slot) if slot.fingerprint != *fingerprint => return Ok(Claim::Mismatch),
-            Some(Slot { state: State::Completed(response), .. }) => return Ok(Claim::Completed(response.clone())),
-            Some(Slot { state: State::Executed(response), .. }) => return Ok(Claim::NotStored(response.clone())),
-            Some(Slot { state: State::Unknown(_), attempt, .. }) => return Ok(Claim::Unknown { attempt: *attempt }),
-            Some(Slot { state: State::InProgress { deadline, .. }, .. }) if *deadline > now => {
+            Some(Slot { data: Data::Completed(response), .. }) => return Ok(Claim::Completed(response.clone())),
+            Some(Slot { data: Data::Executed(response), .. }) => return Ok(Claim::Executed(response.clone())),
+            Some(Slot { data: Data::Unknown(_), attempt, .. }) => return Ok(Claim::Unknown { attempt: *attempt }),
+            Some(Slot { data: Data::InProgress { deadline, .. }, .. }) if *deadline > now => {
                 return Ok(Claim::InFlight { lease_left: *deadline - now });
             }
             Some(slot) => {
                 slot.attempt += 1;
-                slot.state = claimed;
+                slot.data = claimed;
                 slot.attempt
             }
             None => {
                 let max_entries = self.max_entries;
                 let stored_or_released =
-                    |slot: &Slot| matches!(slot.state, State::Completed(_) | State::Executed(_) | State::Released);
+                    |slot: &Slot| matches!(slot.data, Data::Completed(_) | Data::Executed(_) | Data::Released);
                 if !inner.evict_until(None, stored_or_released, |i| i.entries.len() < max_entries) {
                     return Err(StoreError::Full);
                 }
                 let expires = inner.expiry_id(key, now + ttl);
-                let slot = Slot { fingerprint: *fingerprint, attempt: 1, expires, state: claimed, settled_by: None };
+                let slot = Slot { fingerprint: *fingerprint, attempt: 1, expires, data: claimed, settled_by: None };
                 inner.entries.insert(key.clone(), slot);
                 1
             }
@@ -252,7 +253,7 @@ impl Store for MemoryStore {
         let Some(slot) = inner.entries.get_mut(&lease.key) else {
             return Ok(Renewal::Lost);
         };
-        let State::InProgress { owner, deadline } = &mut slot.state else {
+        let Data::InProgress { owner, deadline } = &mut slot.data else {
             return Ok(Renewal::Lost);
         };
         if *owner != lease.owner {
@@ -267,27 +268,22 @@ impl Store for MemoryStore {
 
     async fn settle(&self, lease: &Lease, outcome: Final<'_>, retention: Duration) -> Result<Settled, StoreError> {
         let now = Instant::now();
-        let state = match outcome {
-            Final::Response(r) => State::Completed(r.compact()),
-            Final::NotStored(r) => State::Executed(r.compact()),
-            Final::Unknown { trusted_in } => State::Unknown(Unknown { trusted_at: now + trusted_in, lookup: None }),
+        let data = match outcome {
+            Final::Response(r) => Data::Completed(r.compact()),
+            Final::Executed(r) => Data::Executed(r.compact()),
+            Final::Unknown { trusted_in } => Data::Unknown(Unknown { trusted_at: now + trusted_in, lookup: None }),
         };
         {
             let mut inner = self.lock();
             let Some(slot) = inner.entries.get_mut(&lease.key) else {
                 return Ok(Settled::Lost);
             };
-            if !matches!(slot.state, State::InProgress { owner, .. } if owner == lease.owner) {
+            if !matches!(slot.data, Data::InProgress { owner, .. } if owner == lease.owner) {
                 // Settled already by this owner with this outcome: an earlier try landed.
-                let same = matches!(
-                    (&slot.state, &outcome),
-                    (State::Completed(_), Final::Response(_))
-                        | (State::Executed(_), Final::NotStored(_))
-                        | (State::Unknown(_), Final::Unknown { .. })
-                );
+                let same = slot.entry_state(now).state() == outcome.state();
                 return Ok(if same && slot.settled_by == Some(lease.owner) { Settled::Done } else { Settled::Lost });
             }
-            slot.state = state;
+            slot.data = data;
             slot.settled_by = Some(lease.owner);
             let weight = slot.weight();
             inner.bytes += weight;
@@ -313,7 +309,7 @@ impl Store for MemoryStore {
             let Some(slot) = inner.entries.get_mut(key) else {
                 return Ok(Settled::Lost);
             };
-            if !matches!(slot.state, State::InProgress { owner: o, .. } if o == owner) {
+            if !matches!(slot.data, Data::InProgress { owner: o, .. } if o == owner) {
                 return Ok(Settled::Lost);
             }
             if sent == Sent::No {
@@ -322,7 +318,7 @@ impl Store for MemoryStore {
             if slot.attempt == 0 {
                 inner.remove(key);
             } else {
-                slot.state = State::Released;
+                slot.data = Data::Released;
                 inner.set_expiry(key, now + ttl);
             }
         }
@@ -350,13 +346,12 @@ impl Store for MemoryStore {
         let was = {
             let mut inner = self.lock();
             let Some(slot) = inner.entries.get_mut(key) else { return Ok(Resolved::Refused { state: None }) };
-            let was = match slot.entry_state(now) {
-                EntryState::Unknown { .. } => "unknown",
-                EntryState::Executed { .. } => "executed",
-                other => return Ok(Resolved::Refused { state: Some(other.name()) }),
+            let was = match slot.entry_state(now).state() {
+                was @ (State::Unknown | State::Executed) => was,
+                other => return Ok(Resolved::Refused { state: Some(other) }),
             };
             let old = slot.weight();
-            slot.state = State::Completed(response.compact());
+            slot.data = Data::Completed(response.compact());
             slot.settled_by = None;
             let new = slot.weight();
             inner.bytes = inner.bytes - old + new;
@@ -379,7 +374,7 @@ impl Store for MemoryStore {
         let Some(slot) = inner.entries.get_mut(key).filter(|s| s.fingerprint == *fingerprint) else {
             return Ok(LookupStart::Moved);
         };
-        let State::Unknown(unknown) = &mut slot.state else { return Ok(LookupStart::Moved) };
+        let Data::Unknown(unknown) = &mut slot.data else { return Ok(LookupStart::Moved) };
         if let Some((_, end)) = unknown.lookup.filter(|(_, end)| *end > now) {
             return Ok(LookupStart::Busy { left: end - now });
         }
@@ -397,7 +392,7 @@ impl Store for MemoryStore {
         let ended = {
             let mut inner = self.lock();
             let Some(slot) = inner.entries.get_mut(key) else { return Ok(LookupEnded::Lost) };
-            let State::Unknown(unknown) = &mut slot.state else { return Ok(LookupEnded::Lost) };
+            let Data::Unknown(unknown) = &mut slot.data else { return Ok(LookupEnded::Lost) };
             if !unknown.lookup.is_some_and(|(t, _)| t == token) {
                 return Ok(LookupEnded::Lost);
             }
@@ -408,12 +403,12 @@ impl Store for MemoryStore {
                     LookupEnded::TooEarly { left: unknown.trusted_at - now }
                 }
                 LookupEnd::NotFound { ttl } => {
-                    slot.state = State::Released;
+                    slot.data = Data::Released;
                     inner.set_expiry(key, now + ttl);
                     LookupEnded::Done
                 }
                 LookupEnd::Found { response, retention } => {
-                    slot.state = State::Completed(response.compact());
+                    slot.data = Data::Completed(response.compact());
                     slot.settled_by = None;
                     let weight = slot.weight();
                     inner.bytes += weight;
@@ -429,7 +424,7 @@ impl Store for MemoryStore {
     async fn index(
         &self,
         index: &IndexKey,
-        held: Held,
+        held: State,
         entry: &IndexEntry,
         expires_in: Duration,
     ) -> Result<(), StoreError> {
@@ -463,7 +458,7 @@ impl Store for MemoryStore {
     async fn list(
         &self,
         index: &IndexKey,
-        held: Held,
+        held: State,
         cursor: Option<Cursor>,
         limit: usize,
     ) -> Result<Page, StoreError> {
@@ -482,7 +477,7 @@ impl Store for MemoryStore {
         Ok(Page::new(entries, start, limit))
     }
 
-    async fn count(&self, index: &IndexKey, held: Held) -> Result<u64, StoreError> {
+    async fn count(&self, index: &IndexKey, held: State) -> Result<u64, StoreError> {
         let indexes = self.indexes.lock().unwrap_or_else(PoisonError::into_inner);
         let now = unix_ms();
         Ok(indexes.get(index).map_or(0, |i| i.place.values().filter(|(h, s)| *h == held && *s >= now).count() as u64))
@@ -498,10 +493,10 @@ impl Store for MemoryStore {
                 EntryState::InProgress { lease_left } if !force && !lease_left.is_zero() => {
                     return Ok(Purged::Refused { lease_left });
                 }
-                state => state.name(),
+                state => state.state(),
             };
             let weight = slot.weight();
-            slot.state = State::Released;
+            slot.data = Data::Released;
             inner.bytes -= weight;
             was
         };

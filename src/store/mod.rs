@@ -22,6 +22,7 @@ mod index;
 mod memory;
 mod record;
 mod redis;
+mod state;
 mod waiters;
 
 use std::future::Future;
@@ -31,10 +32,11 @@ use sha2::{Digest, Sha256};
 use thiserror::Error;
 
 pub use self::backend::{Backend, CallLabel, Engine};
-pub use self::index::{Cursor, Held, IndexEntry, IndexKey, Page, unix_ms};
+pub use self::index::{Cursor, IndexEntry, IndexKey, Page, unix_ms};
 pub use self::memory::MemoryStore;
 pub use self::record::{Payload, RecordError, StoredResponse};
 pub use self::redis::{Persistence, RedisStore, Settings, Severity};
+pub use self::state::State;
 pub use self::waiters::Watch;
 
 use crate::policy::fingerprint::Fingerprint;
@@ -208,9 +210,9 @@ pub enum Final<'a> {
     /// The whole response, replayed to every retry.
     Response(&'a StoredResponse),
     /// The request ran and answered, but its body was too large to keep: the status and
-    /// headers (the body empty), so retries learn what happened without running it again.
-    /// The record's state is `executed`.
-    NotStored(&'a StoredResponse),
+    /// headers (the body empty), so retries learn what happened without running it again
+    /// (as `response-not-stored`).
+    Executed(&'a StoredResponse),
     /// The request was sent and no complete answer came back: nobody knows whether the
     /// upstream acted on it. Retries are refused until a lookup (see `reconcile`) or an
     /// operator settles the key.
@@ -222,6 +224,17 @@ pub enum Final<'a> {
     },
 }
 
+impl Final<'_> {
+    /// The state the record is left in.
+    pub fn state(&self) -> State {
+        match self {
+            Self::Response(_) => State::Completed,
+            Self::Executed(_) => State::Executed,
+            Self::Unknown { .. } => State::Unknown,
+        }
+    }
+}
+
 /// The result of claiming a key.
 #[derive(Debug)]
 pub enum Claim {
@@ -229,9 +242,9 @@ pub enum Claim {
     Acquired(Lease),
     /// The first request finished; here is its response to replay.
     Completed(StoredResponse),
-    /// The first request ran, but its body was not stored (the record is `executed`): its
-    /// status and headers.
-    NotStored(StoredResponse),
+    /// The first request ran, but its body was not stored: its status and headers (a retry
+    /// gets them as `response-not-stored`).
+    Executed(StoredResponse),
     /// The first request was sent and its outcome is unknown; `attempt` executions may have
     /// reached the upstream.
     Unknown {
@@ -303,23 +316,23 @@ pub enum LookupEnded {
 pub enum Resolved {
     /// Completed with the operator's answer; the state it had.
     Done {
-        /// `unknown` or `executed`.
-        was: &'static str,
+        /// [`State::Unknown`] or [`State::Executed`].
+        was: State,
     },
     /// Nothing changed: the record is in another state, or absent (`None`).
     Refused {
         /// Its state.
-        state: Option<&'static str>,
+        state: Option<State>,
     },
 }
 
 /// The result of an operator's purge.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Purged {
-    /// Released; the state it had (`in_progress`, `completed`, `executed`, `unknown`).
+    /// Released; the state it had (any but [`State::Released`]).
     Released {
         /// The state it had.
-        was: &'static str,
+        was: State,
     },
     /// Not released: a request holds the key, its lease live for `lease_left` (it may be
     /// running upstream now), and the purge was not forced.
@@ -393,14 +406,14 @@ pub enum EntryState {
 }
 
 impl EntryState {
-    /// The name used by the admin API.
-    pub fn name(&self) -> &'static str {
+    /// The state, without what it holds.
+    pub fn state(&self) -> State {
         match self {
-            Self::InProgress { .. } => "in_progress",
-            Self::Completed { .. } => "completed",
-            Self::Executed { .. } => "executed",
-            Self::Unknown { .. } => "unknown",
-            Self::Released => "released",
+            Self::InProgress { .. } => State::InProgress,
+            Self::Completed { .. } => State::Completed,
+            Self::Executed { .. } => State::Executed,
+            Self::Unknown { .. } => State::Unknown,
+            Self::Released => State::Released,
         }
     }
 }
@@ -504,7 +517,7 @@ pub trait Store: Send + Sync {
     fn index(
         &self,
         index: &IndexKey,
-        held: Held,
+        held: State,
         entry: &IndexEntry,
         expires_in: Duration,
     ) -> impl Future<Output = Result<(), StoreError>> + Send;
@@ -517,13 +530,13 @@ pub trait Store: Send + Sync {
     fn list(
         &self,
         index: &IndexKey,
-        held: Held,
+        held: State,
         cursor: Option<Cursor>,
         limit: usize,
     ) -> impl Future<Output = Result<Page, StoreError>> + Send;
 
     /// How many entries the index holds in `held` (not yet expired).
-    fn count(&self, index: &IndexKey, held: Held) -> impl Future<Output = Result<u64, StoreError>> + Send;
+    fn count(&self, index: &IndexKey, held: State) -> impl Future<Output = Result<u64, StoreError>> + Send;
 
     /// Releases `key`, keeping its attempt count (an operator's purge): any record but a
     /// claim whose lease is live, which only a `force`d purge releases (its request may be

@@ -3,7 +3,7 @@
 //!
 //! | bytes (1-based, as the Lua scripts index them) | field |
 //! |---|---|
-//! | 1 | state: `p` in progress, `c` completed, `x` executed (body not stored), `u` outcome unknown, `r` released |
+//! | 1 | state: its letter (`State::letter`): `p` in progress, `c` completed, `x` executed (body not stored), `u` outcome unknown, `r` released |
 //! | 2 | `1` when a duplicate waits (the settle then publishes), else `0` |
 //! | 3..=12 | attempt, 10 decimal digits |
 //! | 13..=25 | lease mark, 13 decimal digits: the record's PTTL at which the lease ends (`p` only) |
@@ -22,21 +22,11 @@
 use bytes::Bytes;
 
 use crate::policy::fingerprint::Fingerprint;
-use crate::store::{OwnerToken, StoreError};
+use crate::store::{OwnerToken, State, StoreError};
 
 /// Bytes before the stored response.
 pub(super) const HEADER: usize = 73;
 const FINGERPRINT: std::ops::Range<usize> = 25..57;
-
-/// A record's state, from its first byte.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum State {
-    InProgress,
-    Completed,
-    Executed,
-    Unknown,
-    Released,
-}
 
 /// A record read from Redis.
 pub(super) struct Record {
@@ -51,14 +41,8 @@ impl Record {
         if value.len() < HEADER {
             return Err(StoreError::Protocol(format!("a record of {} bytes (at least {HEADER})", value.len())));
         }
-        let state = match value[0] {
-            b'p' => State::InProgress,
-            b'c' => State::Completed,
-            b'x' => State::Executed,
-            b'u' => State::Unknown,
-            b'r' => State::Released,
-            other => return Err(StoreError::Protocol(format!("a record in state {:?}", char::from(other)))),
-        };
+        let state = State::from_letter(value[0])
+            .ok_or_else(|| StoreError::Protocol(format!("a record in state {:?}", char::from(value[0]))))?;
         let attempt = std::str::from_utf8(&value[2..12])
             .ok()
             .and_then(|digits| digits.parse().ok())

@@ -41,7 +41,7 @@ use prometheus_client::metrics::counter::Counter;
 use redis::{Cmd, ErrorKind, FromRedisValue, RedisWrite, ServerErrorKind, ToRedisArgs, Value};
 use tokio::task::JoinHandle;
 
-use self::layout::{Record, State};
+use self::layout::Record;
 use self::links::{Links, Opened, unavailable};
 use self::round_trip::{Reply, Request, protocol};
 use self::scripts::{Lua, Scripts, load_scripts};
@@ -50,9 +50,9 @@ use self::sentinel::Follower;
 use super::index::unix_ms;
 use super::waiters::Waiters;
 use super::{
-    Claim, Cursor, Entry, EntryState, Final, Held, IndexEntry, IndexKey, Lease, LookupEnd, LookupEnded, LookupStart,
-    OwnerToken, Page, Purged, QuotaKey, RecordKey, Renewal, Resolved, Sent, Settled, Store, StoreError, StoredResponse,
-    Watch,
+    Claim, Cursor, Entry, EntryState, Final, IndexEntry, IndexKey, Lease, LookupEnd, LookupEnded, LookupStart,
+    OwnerToken, Page, Purged, QuotaKey, RecordKey, Renewal, Resolved, Sent, Settled, State, Store, StoreError,
+    StoredResponse, Watch,
 };
 use crate::config::{RedisTarget as Target, RedisTls};
 use crate::policy::fingerprint::Fingerprint;
@@ -278,7 +278,7 @@ impl RedisStore {
 
     /// Calls the index script on `index`'s keys.
     async fn eval_index(&self, index: &IndexKey, args: impl Fn(&mut Cmd) + Sync) -> Result<Value, StoreError> {
-        let keys = [index.set(Held::Unknown), index.set(Held::Executed), index.data()];
+        let keys = [index.set(State::Unknown), index.set(State::Executed), index.data()];
         let keys = [keys[0].as_str(), keys[1].as_str(), keys[2].as_str()];
         self.eval_keys(&self.scripts.index, &keys, args).await
     }
@@ -297,7 +297,7 @@ impl RedisStore {
     async fn settle_aside(
         &self,
         lease: &Lease,
-        state: &str,
+        state: State,
         response: &StoredResponse,
         retention: Duration,
     ) -> Result<Settled, StoreError> {
@@ -311,7 +311,11 @@ impl RedisStore {
             set.arg("SET").arg(&side).arg(Aside(response)).arg("PX").arg(ms(lease.ttl.max(lease.duration)));
             pipe.add_command(set).ignore();
             pipe.cmd(verb).arg(script).arg(2).arg(lease.key.as_str()).arg(&side);
-            pipe.arg(&lease.owner.as_bytes()[..]).arg(state).arg("").arg(ms(retention)).arg(&self.channel);
+            pipe.arg(&lease.owner.as_bytes()[..])
+                .arg(&[state.letter()][..])
+                .arg("")
+                .arg(ms(retention))
+                .arg(&self.channel);
             pipe
         };
         let settle = &self.scripts.settle;
@@ -324,14 +328,14 @@ impl RedisStore {
     async fn settle_in_place(
         &self,
         lease: &Lease,
-        state: &str,
+        state: State,
         response: Option<&StoredResponse>,
         retention: Duration,
     ) -> Result<Settled, StoreError> {
         let extra = response.map_or(0, StoredResponse::encoded_len);
         let reply = self
             .eval_sized(&self.scripts.settle, &[lease.key.as_str()], extra, |cmd| {
-                cmd.arg(&lease.owner.as_bytes()[..]).arg(state);
+                cmd.arg(&lease.owner.as_bytes()[..]).arg(&[state.letter()][..]);
                 match response {
                     Some(r) => cmd.arg(Encoded(r)),
                     None => cmd.arg(""),
@@ -377,7 +381,7 @@ impl Store for RedisStore {
             State::Released => {}
             _ if !record.fingerprint_is(fingerprint) => return Ok(Claim::Mismatch),
             State::Completed => return Ok(Claim::Completed(decode(record.response())?)),
-            State::Executed => return Ok(Claim::NotStored(decode(record.response())?)),
+            State::Executed => return Ok(Claim::Executed(decode(record.response())?)),
             State::Unknown => return Ok(Claim::Unknown { attempt: record.attempt }),
             State::InProgress => {}
         }
@@ -390,7 +394,7 @@ impl Store for RedisStore {
         match items.tag()?.as_slice() {
             b"acquired" => Ok(Claim::Acquired(Lease::new(key.clone(), owner, items.attempt()?, lease, ttl, sent))),
             b"completed" => Ok(Claim::Completed(items.response()?)),
-            b"executed" => Ok(Claim::NotStored(items.response()?)),
+            b"executed" => Ok(Claim::Executed(items.response()?)),
             b"unknown" => Ok(Claim::Unknown { attempt: items.attempt()? }),
             b"inflight" => Ok(Claim::InFlight { lease_left: Duration::from_millis(items.int()?.max(0) as u64) }),
             b"mismatch" => Ok(Claim::Mismatch),
@@ -411,15 +415,19 @@ impl Store for RedisStore {
     }
 
     async fn settle(&self, lease: &Lease, outcome: Final<'_>, retention: Duration) -> Result<Settled, StoreError> {
-        let (state, response) = match outcome {
-            Final::Response(r) => ("c", Some(r)),
-            Final::NotStored(r) => ("x", Some(r)),
+        let state = outcome.state();
+        let response = match outcome {
+            Final::Response(r) | Final::Executed(r) => Some(r),
             Final::Unknown { trusted_in } => {
                 let trusted_ms = u64::try_from(trusted_in.as_millis()).unwrap_or(u64::MAX);
                 let tail = layout::unknown_tail(ms(retention), trusted_ms, &lease.owner);
                 let reply = self
                     .eval(&self.scripts.settle, lease.key.as_str(), |cmd| {
-                        cmd.arg(&lease.owner.as_bytes()[..]).arg("u").arg(&tail).arg(ms(retention)).arg(&self.channel);
+                        cmd.arg(&lease.owner.as_bytes()[..])
+                            .arg(&[state.letter()][..])
+                            .arg(&tail)
+                            .arg(ms(retention))
+                            .arg(&self.channel);
                     })
                     .await?;
                 return settled(Reply::integer(reply)?);
@@ -473,20 +481,19 @@ impl Store for RedisStore {
         let attempt = items.attempt()?;
         let lease_left = Duration::from_millis(items.int()?.max(0) as u64);
         let expires_in = Duration::from_millis(items.int()?.max(0) as u64);
-        let state = match tag.as_slice() {
-            b"p" => EntryState::InProgress { lease_left },
-            b"c" => {
+        let state = match state_of(&tag)?.ok_or_else(|| protocol("a record without a state"))? {
+            State::InProgress => EntryState::InProgress { lease_left },
+            State::Completed => {
                 let r = items.response()?;
                 EntryState::Completed { status: r.status.as_u16(), body_len: r.body.len() }
             }
-            b"x" => EntryState::Executed { status: items.response()?.status.as_u16() },
-            b"u" => {
+            State::Executed => EntryState::Executed { status: items.response()?.status.as_u16() },
+            State::Unknown => {
                 // Negative: the record keeps no trust time (written by an earlier version).
                 let trusted_in = u64::try_from(items.int()?).ok().map(Duration::from_millis);
                 EntryState::Unknown { lookup: Some(lease_left).filter(|left| !left.is_zero()), trusted_in }
             }
-            b"r" => EntryState::Released,
-            _ => return Err(protocol("unknown record state")),
+            State::Released => EntryState::Released,
         };
         Ok(Some(Entry { state, attempt, expires_in }))
     }
@@ -502,7 +509,7 @@ impl Store for RedisStore {
         });
         let mut items = Reply::array(reply.await?)?;
         let done = items.int()? == 1;
-        let state = state_name(&items.tag()?)?;
+        let state = state_of(&items.tag()?)?;
         Ok(match (done, state) {
             (true, Some(was)) => Resolved::Done { was },
             (_, state) => Resolved::Refused { state },
@@ -557,14 +564,14 @@ impl Store for RedisStore {
     async fn index(
         &self,
         index: &IndexKey,
-        held: Held,
+        held: State,
         entry: &IndexEntry,
         expires_in: Duration,
     ) -> Result<(), StoreError> {
         let score = super::index::expiry_score(expires_in);
         let description = entry.encode();
         self.eval_index(index, |cmd| {
-            cmd.arg("add").arg(held.letter()).arg(&entry.record).arg(score).arg(&description).arg(unix_ms());
+            cmd.arg("add").arg(&[held.letter()][..]).arg(&entry.record).arg(score).arg(&description).arg(unix_ms());
         })
         .await?;
         Ok(())
@@ -581,13 +588,13 @@ impl Store for RedisStore {
     async fn list(
         &self,
         index: &IndexKey,
-        held: Held,
+        held: State,
         cursor: Option<Cursor>,
         limit: usize,
     ) -> Result<Page, StoreError> {
         let start = super::index::live_start(cursor);
         let reply = self.eval_index(index, |cmd| {
-            cmd.arg("list").arg(held.letter()).arg(start.score).arg(start.skip).arg(limit);
+            cmd.arg("list").arg(&[held.letter()][..]).arg(start.score).arg(start.skip).arg(limit);
         });
         let items = match reply.await? {
             Value::Array(items) => items,
@@ -613,9 +620,9 @@ impl Store for RedisStore {
         Ok(Page::new(found, start, limit))
     }
 
-    async fn count(&self, index: &IndexKey, held: Held) -> Result<u64, StoreError> {
+    async fn count(&self, index: &IndexKey, held: State) -> Result<u64, StoreError> {
         let reply = self.eval_index(index, |cmd| {
-            cmd.arg("count").arg(held.letter()).arg(unix_ms());
+            cmd.arg("count").arg(&[held.letter()][..]).arg(unix_ms());
         });
         u64::try_from(Reply::integer(reply.await?)?).map_err(|_| protocol("index count out of range"))
     }
@@ -626,8 +633,8 @@ impl Store for RedisStore {
         });
         let mut items = Reply::array(reply.await?)?;
         match items.tag()?.as_slice() {
-            b"released" => match state_name(&items.tag()?)? {
-                Some("released") | None => Err(protocol("purge reply: released a released record")),
+            b"released" => match state_of(&items.tag()?)? {
+                Some(State::Released) | None => Err(protocol("purge reply: released a released record")),
                 Some(was) => Ok(Purged::Released { was }),
             },
             b"refused" => Ok(Purged::Refused { lease_left: Duration::from_millis(items.int()?.max(1) as u64) }),
@@ -705,17 +712,15 @@ fn bulk(value: &Value) -> Option<&[u8]> {
     }
 }
 
-/// A state letter as the admin API names it; `None` for an absent record ("").
-fn state_name(letter: &[u8]) -> Result<Option<&'static str>, StoreError> {
-    Ok(Some(match letter {
-        b"" => return Ok(None),
-        b"p" => "in_progress",
-        b"c" => "completed",
-        b"x" => "executed",
-        b"u" => "unknown",
-        b"r" => "released",
-        other => return Err(protocol(&format!("unknown record state {:?}", String::from_utf8_lossy(other)))),
-    }))
+/// The state a script replied with, by its letter; `None` for an absent record ("").
+fn state_of(letter: &[u8]) -> Result<Option<State>, StoreError> {
+    match letter {
+        [] => Ok(None),
+        &[one] => State::from_letter(one)
+            .map(Some)
+            .ok_or_else(|| protocol(&format!("unknown record state {:?}", char::from(one)))),
+        other => Err(protocol(&format!("unknown record state {:?}", String::from_utf8_lossy(other)))),
+    }
 }
 
 fn settled(n: i64) -> Result<Settled, StoreError> {
