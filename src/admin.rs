@@ -46,7 +46,7 @@ use crate::policy::scope::{MissingScope, Scope};
 use crate::reload::Live;
 use crate::runtime::IdempotentRoute;
 use crate::store::{
-    Cursor, Entry, EntryState, IndexKey, Purged, RecordKey, Resolved, Severity, State, Store, StoreError,
+    Cursor, Entry, EntryState, IndexKey, Lifecycle, Operator, Purged, RecordKey, Resolved, Severity, State, StoreError,
     StoredResponse,
 };
 

@@ -36,7 +36,7 @@ use crate::descriptors::{self, Budget};
 use crate::forwarded::{Peer, TrustedProxies};
 use crate::gateway::{Gateway, SetupError};
 use crate::reload::Live;
-use crate::store::{Severity, Store};
+use crate::store::{Lifecycle, Severity};
 
 /// After the grace period, how long connections get to deliver the answers of abandoned
 /// exchanges (503 shutting-down) before the process exits.

@@ -28,7 +28,6 @@ use thiserror::Error;
 use crate::body::Body;
 use crate::config::UpstreamConfig;
 use crate::forwarded::{self, Peer};
-use crate::store::Sent;
 
 /// Why an exchange with the upstream failed.
 #[derive(Debug, Error)]
@@ -60,14 +59,11 @@ pub enum UpstreamError {
 }
 
 impl UpstreamError {
-    /// Whether the request may have reached the upstream. Only a connection that was never
-    /// made proves it did not: once bytes were written, a reset, a timeout or a broken answer
+    /// Whether the request certainly never reached the upstream. Only a connection that was
+    /// never made proves it: once bytes were written, a reset, a timeout or a broken answer
     /// leaves the outcome unknown.
-    pub fn sent(&self) -> Sent {
-        match self {
-            Self::Unreachable { .. } => Sent::No,
-            Self::Timeout { .. } | Self::Failed { .. } => Sent::Maybe,
-        }
+    pub fn never_sent(&self) -> bool {
+        matches!(self, Self::Unreachable { .. })
     }
 }
 

@@ -445,7 +445,9 @@ async fn a_store_down_for_three_of_the_leases_five_seconds_still_settles_the_ans
 /// lease, counted and logged, never taken for an earlier try of its own that landed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_takeover_while_a_settle_is_retried_is_counted_as_a_lost_lease() {
-    use idemgate::store::{Final, OwnerToken, Purged, RedisStore, Settled, State, Store, StoredResponse};
+    use idemgate::store::{
+        Final, Lifecycle, Operator, OwnerToken, Purged, RedisStore, Settled, State, StoredResponse, Terms,
+    };
     let slow = TestUpstream::with(Behavior { delay: Duration::from_millis(600), ..Behavior::default() }).await;
     let Proxied { proxy, upstream, gw, client } = proxied(slow, r#"scope = "global""#).await;
     let first = tokio::spawn({
@@ -464,7 +466,12 @@ async fn a_takeover_while_a_settle_is_retried_is_counted_as_a_lost_lease() {
     assert_eq!(direct.purge(&record, true).await.unwrap(), Purged::Released { was: State::InProgress });
     let fingerprint = idemgate::policy::fingerprint::Fingerprint::from_bytes([9; 32]);
     let lease = match direct
-        .claim(&record, &fingerprint, OwnerToken::generate(), Duration::from_secs(10), Duration::from_secs(20))
+        .claim(
+            &record,
+            &fingerprint,
+            OwnerToken::generate(),
+            Terms { lease: Duration::from_secs(10), ttl: Duration::from_secs(20) },
+        )
         .await
         .unwrap()
     {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use http::{HeaderMap, HeaderValue, Method};
 use idemgate::policy::fingerprint::Fingerprint;
-use idemgate::store::{Claim, EntryState, OwnerToken, RecordKey, Store};
+use idemgate::store::{Claim, EntryState, Lifecycle, Operator, OwnerToken, RecordKey, Terms};
 use support::client::{Client, DEFAULT_AUTH, Reply};
 use support::gateway::{StoreKind, TestGateway, config};
 use support::gateway_proc::Toml;
@@ -272,7 +272,12 @@ async fn crashed_owner_is_taken_over_after_its_lease(store: StoreKind) {
         .gateway
         .runtime()
         .store
-        .claim(&key, &body_fp, OwnerToken::generate(), Duration::from_millis(300), Duration::from_secs(60))
+        .claim(
+            &key,
+            &body_fp,
+            OwnerToken::generate(),
+            Terms { lease: Duration::from_millis(300), ttl: Duration::from_secs(60) },
+        )
         .await
         .unwrap();
     let Claim::Acquired(dead) = claim else { panic!("expected to acquire, got {claim:?}") };

@@ -13,7 +13,7 @@ use http::{HeaderMap, HeaderValue, StatusCode};
 use idemgate::config::RedisTls;
 use idemgate::policy::fingerprint::Fingerprint;
 use idemgate::store::{
-    Backend, Claim, Engine, Final, OwnerToken, RecordKey, RedisStore, Settled, Store, StoredResponse,
+    Backend, Claim, Engine, Final, Lifecycle, OwnerToken, RecordKey, RedisStore, Settled, StoredResponse, Terms,
 };
 use support::cluster::RedisCluster;
 use support::pki::Pki;
@@ -98,14 +98,14 @@ async fn assert_refused(store: &Backend, what: &str) {
 /// replayed.
 async fn claim_settle_replay(store: &Backend, key: &RecordKey, body: &str) {
     let fp = Fingerprint::from_bytes([7; 32]);
-    let lease = match store.claim(key, &fp, OwnerToken::generate(), LEASE, TTL).await {
+    let lease = match store.claim(key, &fp, OwnerToken::generate(), Terms { lease: LEASE, ttl: TTL }).await {
         Ok(Claim::Acquired(lease)) => lease,
         other => panic!("the first claim of {} was not acquired: {other:?}", key.as_str()),
     };
     let stored = response(body);
     let settled = store.settle(&lease, Final::Response(&stored), RETENTION).await;
     assert!(matches!(settled, Ok(Settled::Done)), "settling {} gave {settled:?}", key.as_str());
-    match store.claim(key, &fp, OwnerToken::generate(), LEASE, TTL).await {
+    match store.claim(key, &fp, OwnerToken::generate(), Terms { lease: LEASE, ttl: TTL }).await {
         Ok(Claim::Completed(replayed)) => assert_eq!(replayed, stored, "the replay of {}", key.as_str()),
         other => panic!("the second claim of {} did not replay the response: {other:?}", key.as_str()),
     }

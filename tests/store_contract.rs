@@ -14,9 +14,9 @@ use http::{HeaderMap, HeaderValue, StatusCode};
 use idemgate::policy::fingerprint::Fingerprint;
 use idemgate::policy::scope::{self, MissingScope, ScopeSource};
 use idemgate::store::{
-    Backend, Claim, Cursor, EntryState, Final, IndexEntry, IndexKey, Lease, LookupEnd, LookupEnded, LookupStart,
-    MemoryStore, OwnerToken, Purged, QuotaKey, RecordKey, RedisStore, Renewal, Resolved, Sent, Settled, State, Store,
-    StoredResponse,
+    Backend, Claim, Cursor, EntryState, Final, IndexEntry, IndexKey, Lease, Lifecycle, Lookup, LookupEnd, LookupEnded,
+    Lookups, MemoryStore, Operator, OwnerToken, Purged, Quota, QuotaKey, RecordKey, RedisStore, Renewal, Resolved,
+    Sent, Settled, State, StoredResponse, Terms,
 };
 use support::cluster::RedisCluster;
 use support::redis::RedisServer;
@@ -48,14 +48,14 @@ async fn acquire(
     fingerprint: Fingerprint,
     lease: Duration,
 ) -> idemgate::store::Lease {
-    match store.claim(key, &fingerprint, OwnerToken::generate(), lease, TTL).await.unwrap() {
+    match store.claim(key, &fingerprint, OwnerToken::generate(), Terms { lease, ttl: TTL }).await.unwrap() {
         Claim::Acquired(lease) => lease,
         other => panic!("expected Acquired, got {other:?}"),
     }
 }
 
 async fn claim(store: &Backend, key: &RecordKey, fingerprint: Fingerprint) -> Claim {
-    store.claim(key, &fingerprint, OwnerToken::generate(), LEASE, TTL).await.unwrap()
+    store.claim(key, &fingerprint, OwnerToken::generate(), Terms { lease: LEASE, ttl: TTL }).await.unwrap()
 }
 
 async fn complete(store: &Backend, lease: Lease, response: &StoredResponse, retention: Duration) -> Settled {
@@ -194,7 +194,10 @@ async fn a_claim_whose_reply_was_lost_is_released_by_its_owner(store: Backend, p
     // The gateway made the owner token before the call; the reply never reached it.
     let k = record(&p, "a");
     let owner = OwnerToken::generate();
-    assert!(matches!(store.claim(&k, &fp(1), owner, LEASE, TTL).await.unwrap(), Claim::Acquired(_)));
+    assert!(matches!(
+        store.claim(&k, &fp(1), owner, Terms { lease: LEASE, ttl: TTL }).await.unwrap(),
+        Claim::Acquired(_)
+    ));
     assert_eq!(store.release(&k, owner, Sent::No, TTL).await.unwrap(), Settled::Done);
     assert_eq!(acquire(&store, &k, fp(1), LEASE).await.attempt(), 1, "the retry runs at once, as attempt 1");
     // Another owner's token releases nothing.
@@ -248,7 +251,12 @@ async fn retention_expires_completed_records(store: Backend, p: String) {
 async fn open_claims_expire_with_their_ttl(store: Backend, p: String) {
     let k = record(&p, "a");
     let lease = store
-        .claim(&k, &fp(1), OwnerToken::generate(), Duration::from_millis(100), Duration::from_millis(200))
+        .claim(
+            &k,
+            &fp(1),
+            OwnerToken::generate(),
+            Terms { lease: Duration::from_millis(100), ttl: Duration::from_millis(200) },
+        )
         .await
         .unwrap();
     assert!(matches!(lease, Claim::Acquired(_)));
@@ -306,10 +314,7 @@ async fn a_settle_sent_again_by_its_owner_is_done_and_a_takeover_is_lost(store: 
     let lease = acquire(&store, &u, fp(1), LEASE).await;
     let unknown = Final::Unknown { trusted_in: Duration::ZERO };
     assert_eq!(store.settle(&lease, unknown, RETENTION).await.unwrap(), Settled::Done);
-    assert!(matches!(
-        store.begin_lookup(&u, &fp(1), OwnerToken::generate(), LOOKUP).await.unwrap(),
-        LookupStart::Started { .. }
-    ));
+    assert!(matches!(store.lookup(&u, &fp(1), OwnerToken::generate(), LOOKUP).await.unwrap(), Lookup::Started { .. }));
     assert_eq!(store.settle(&lease, unknown, RETENTION).await.unwrap(), Settled::Done, "with a lookup running");
 
     // Purged and taken over: the first owner's settle finds the new owner's answer.
@@ -381,7 +386,9 @@ async fn concurrent_claims_acquire_exactly_once(store: Backend, p: String) {
     let tasks: Vec<_> = (0..50)
         .map(|_| {
             let (store, k) = (store.clone(), k.clone());
-            tokio::spawn(async move { store.claim(&k, &fp(1), OwnerToken::generate(), LEASE, TTL).await.unwrap() })
+            tokio::spawn(async move {
+                store.claim(&k, &fp(1), OwnerToken::generate(), Terms { lease: LEASE, ttl: TTL }).await.unwrap()
+            })
         })
         .collect();
     let mut acquired = 0;
@@ -436,12 +443,12 @@ async fn one_lookup_at_a_time_and_found_completes_the_record(store: Backend, p: 
     let key = record(&p, "lookup-found");
     unknown(&store, &key, Duration::ZERO).await;
     let (mine, theirs) = (OwnerToken::generate(), OwnerToken::generate());
-    assert_eq!(store.begin_lookup(&key, &fp(1), mine, LOOKUP).await.unwrap(), LookupStart::Started { attempt: 1 });
-    let busy = store.begin_lookup(&key, &fp(1), theirs, LOOKUP).await.unwrap();
-    assert!(matches!(busy, LookupStart::Busy { left } if left > Duration::from_secs(3)), "{busy:?}");
+    assert_eq!(store.lookup(&key, &fp(1), mine, LOOKUP).await.unwrap(), Lookup::Started { attempt: 1 });
+    let busy = store.lookup(&key, &fp(1), theirs, LOOKUP).await.unwrap();
+    assert!(matches!(busy, Lookup::Busy { left } if left > Duration::from_secs(3)), "{busy:?}");
     // A lookup of another request under the key, or of a key that is not unknown: moved.
-    assert_eq!(store.begin_lookup(&key, &fp(2), theirs, LOOKUP).await.unwrap(), LookupStart::Moved);
-    assert_eq!(store.begin_lookup(&record(&p, "absent"), &fp(1), theirs, LOOKUP).await.unwrap(), LookupStart::Moved);
+    assert_eq!(store.lookup(&key, &fp(2), theirs, LOOKUP).await.unwrap(), Lookup::Moved);
+    assert_eq!(store.lookup(&record(&p, "absent"), &fp(1), theirs, LOOKUP).await.unwrap(), Lookup::Moved);
     match store.get(&key).await.unwrap().unwrap().state {
         EntryState::Unknown { lookup, trusted_in } => {
             assert!(
@@ -474,7 +481,7 @@ async fn not_found_releases_only_once_it_can_be_trusted(store: Backend, p: Strin
     let key = record(&p, "lookup-absent");
     unknown(&store, &key, Duration::from_millis(600)).await;
     let token = OwnerToken::generate();
-    assert!(matches!(store.begin_lookup(&key, &fp(1), token, LOOKUP).await.unwrap(), LookupStart::Started { .. }));
+    assert!(matches!(store.lookup(&key, &fp(1), token, LOOKUP).await.unwrap(), Lookup::Started { .. }));
     let early = store.end_lookup(&key, token, LookupEnd::NotFound { ttl: TTL }).await.unwrap();
     assert!(
         matches!(early, LookupEnded::TooEarly { left } if left > Duration::from_millis(200) && left <= Duration::from_millis(600)),
@@ -490,7 +497,7 @@ async fn not_found_releases_only_once_it_can_be_trusted(store: Backend, p: Strin
     }
     tokio::time::sleep(Duration::from_millis(700)).await;
     let token = OwnerToken::generate();
-    assert!(matches!(store.begin_lookup(&key, &fp(1), token, LOOKUP).await.unwrap(), LookupStart::Started { .. }));
+    assert!(matches!(store.lookup(&key, &fp(1), token, LOOKUP).await.unwrap(), Lookup::Started { .. }));
     assert_eq!(store.end_lookup(&key, token, LookupEnd::NotFound { ttl: TTL }).await.unwrap(), LookupEnded::Done);
     // Released: the next request runs as attempt 2, whatever its body.
     assert_eq!(acquire(&store, &key, fp(3), LEASE).await.attempt(), 2);
@@ -500,15 +507,15 @@ async fn a_failed_lookup_frees_the_key_and_a_dead_ones_lease_passes(store: Backe
     let key = record(&p, "lookup-failed");
     unknown(&store, &key, Duration::ZERO).await;
     let token = OwnerToken::generate();
-    assert!(matches!(store.begin_lookup(&key, &fp(1), token, LOOKUP).await.unwrap(), LookupStart::Started { .. }));
+    assert!(matches!(store.lookup(&key, &fp(1), token, LOOKUP).await.unwrap(), Lookup::Started { .. }));
     assert_eq!(store.end_lookup(&key, token, LookupEnd::Failed).await.unwrap(), LookupEnded::Done);
     // A lookup whose gateway died: its short lease passes, and the next one starts.
     let dead = OwnerToken::generate();
     let short = Duration::from_millis(150);
-    assert!(matches!(store.begin_lookup(&key, &fp(1), dead, short).await.unwrap(), LookupStart::Started { .. }));
+    assert!(matches!(store.lookup(&key, &fp(1), dead, short).await.unwrap(), Lookup::Started { .. }));
     tokio::time::sleep(Duration::from_millis(300)).await;
     let next = OwnerToken::generate();
-    assert!(matches!(store.begin_lookup(&key, &fp(1), next, LOOKUP).await.unwrap(), LookupStart::Started { .. }));
+    assert!(matches!(store.lookup(&key, &fp(1), next, LOOKUP).await.unwrap(), Lookup::Started { .. }));
     assert_eq!(
         store.end_lookup(&key, dead, LookupEnd::Failed).await.unwrap(),
         LookupEnded::Lost,
@@ -522,7 +529,7 @@ async fn an_operator_resolves_unknown_and_executed_records_only(store: Backend, 
     unknown(&store, &key, Duration::ZERO).await;
     // A lookup running when the operator resolves finds its record gone from unknown.
     let token = OwnerToken::generate();
-    assert!(matches!(store.begin_lookup(&key, &fp(1), token, LOOKUP).await.unwrap(), LookupStart::Started { .. }));
+    assert!(matches!(store.lookup(&key, &fp(1), token, LOOKUP).await.unwrap(), Lookup::Started { .. }));
     let answer = response(b"operator");
     assert_eq!(store.resolve(&key, &answer, RETENTION).await.unwrap(), Resolved::Done { was: State::Unknown });
     assert_eq!(store.end_lookup(&key, token, LookupEnd::NotFound { ttl: TTL }).await.unwrap(), LookupEnded::Lost);

@@ -34,8 +34,8 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use idemgate::policy::fingerprint::Fingerprint;
 use idemgate::store::{
-    Claim, EntryState, Final, Lease, MemoryStore, OwnerToken, Purged, RecordKey, RedisStore, Renewal, Sent, Settled,
-    State, Store, StoredResponse,
+    Claim, EntryState, Final, Lease, Lifecycle, MemoryStore, Operator, OwnerToken, Purged, RecordKey, RedisStore,
+    Renewal, Sent, Settled, State, StoredResponse, Terms,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};
@@ -691,7 +691,7 @@ struct Held {
 
 /// Runs `ops` against `store` and the model; fails at the first difference. Returns the
 /// model's outcomes.
-async fn run_case<S: Store>(
+async fn run_case<S: Lifecycle + Operator>(
     store: &S,
     clock: &Clock<'_>,
     keys: &[RecordKey; KEYS],
@@ -731,7 +731,7 @@ async fn run_case<S: Store>(
             Op::Claim { key, fp } => {
                 let (expected, owner) = model.claim(key, fp, stats);
                 let actual = store
-                    .claim(&keys[key], &fingerprint(fp), OwnerToken::generate(), LEASE, TTL)
+                    .claim(&keys[key], &fingerprint(fp), OwnerToken::generate(), Terms { lease: LEASE, ttl: TTL })
                     .await
                     .map_err(|e| store_error(i, &trace, e))?;
                 let same = match (&expected, &actual) {
@@ -1145,7 +1145,7 @@ const EXAMPLE: &[(Op, Outcome)] = &[
     (Op::Release { lease: 0, sent: true }, Outcome::Lost),
 ];
 
-async fn run_example<S: Store>(store: &S, clock: &Clock<'_>, prefix: &str) {
+async fn run_example<S: Lifecycle + Operator>(store: &S, clock: &Clock<'_>, prefix: &str) {
     let ops: Vec<Op> = EXAMPLE.iter().map(|(op, _)| *op).collect();
     let trace = match run_case(store, clock, &record_keys(prefix), &ops, &mut Stats::default()).await {
         Ok(trace) => trace,

@@ -13,7 +13,7 @@ use crate::connection::{Connection, ConnectionSlot};
 use crate::error::GatewayError;
 use crate::policy::scope::Scope;
 use crate::runtime::Runtime;
-use crate::store::{Lease, QuotaKey, Store};
+use crate::store::{Lease, Quota, QuotaKey};
 
 /// A claim cleared to go upstream.
 #[derive(Debug)]

@@ -104,7 +104,7 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     use super::*;
-    use crate::store::Payload;
+    use crate::body::Payload;
 
     /// The bytes a client reads from one HTTP/1.1 connection that carries two requests: the
     /// first answered with `first`, the second with `200 next`.

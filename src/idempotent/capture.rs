@@ -14,8 +14,8 @@ use http_body_util::BodyExt;
 use hyper::body::{Frame, Incoming};
 use tokio::sync::oneshot;
 
+use crate::body::Payload;
 use crate::body::{self, Body, BoxError};
-use crate::store::Payload;
 
 /// An upstream response after capture.
 pub enum Captured {

@@ -18,9 +18,10 @@ use tokio::time::Instant;
 
 use super::context::Ctx;
 use crate::metrics::{GaugeHold, ReleaseReason};
+use crate::policy::IdempotencyPolicy;
 use crate::policy::fingerprint::Fingerprint;
 use crate::runtime::{Route, Runtime};
-use crate::store::{Claim, Lease, OwnerToken, RecordKey, Sent, Settled, Store, StoreError, Watch};
+use crate::store::{Claim, Lease, Lifecycle, OwnerToken, RecordKey, Sent, Settled, StoreError, Terms, Watch};
 
 /// How often, and how far apart, a ghost release is tried before it is left to the lease.
 const GHOST_TRIES: u32 = 5;
@@ -58,6 +59,11 @@ struct Spent {
     last_sent: Option<Instant>,
 }
 
+/// The terms of a claim on a route with `policy`.
+pub fn terms(policy: &IdempotencyPolicy) -> Terms {
+    Terms { lease: policy.lease, ttl: policy.in_progress_ttl() }
+}
+
 async fn claim_or_wait(
     rt: &Runtime,
     ctx: &Ctx<'_>,
@@ -65,13 +71,14 @@ async fn claim_or_wait(
     spent: &mut Spent,
 ) -> Result<Claim, StoreError> {
     let (store, policy, record, owner) = (&*rt.store, &*ctx.route.policy, &ctx.record, ctx.owner);
-    let ttl = policy.in_progress_ttl();
+    let terms = terms(policy);
+    let ttl = terms.ttl;
     let claim_once = || async {
         // Armed while the call is on the wire: if this future is dropped there, the claim
         // (which Redis may have applied) is released in the background.
         let mut guard = Ghost { rt, record, owner, ttl, armed: true };
         let started = Instant::now();
-        let claim = store.claim(record, fingerprint, owner, policy.lease, ttl).await;
+        let claim = store.claim(record, fingerprint, owner, terms).await;
         guard.armed = false;
         (claim, started)
     };

@@ -35,6 +35,7 @@ use super::capture::{self, Captured, StreamEnd};
 use super::context::Ctx;
 use super::reconcile::{self, Question};
 use super::settle::Settle;
+use crate::body::Payload;
 use crate::body::{self, Body};
 use crate::error::{GatewayError, Settling};
 use crate::forwarded::Peer;
@@ -44,7 +45,7 @@ use crate::policy::UnknownOutcomePolicy;
 use crate::policy::key::IdempotencyKey;
 use crate::policy::scope::Scope;
 use crate::runtime::{IdempotentRoute, Runtime};
-use crate::store::{Final, IndexEntry, IndexKey, Payload, Sent, State, Store, StoredResponse};
+use crate::store::{Final, IndexEntry, IndexKey, Operator, Sent, State, StoredResponse};
 use crate::telemetry::{ChildSpan, RequestSpan};
 use crate::upstream::{Upstream, UpstreamError};
 
@@ -376,7 +377,7 @@ async fn call(upstream: &Upstream, request: Request<Bytes>, limit: usize) -> End
     let deadline = Instant::now() + upstream.timeout();
     let response = match tokio::time::timeout_at(deadline, upstream.send(request.map(body::full))).await {
         Err(_) => return Ended::NoAnswer(upstream.timed_out()),
-        Ok(Err(e)) if e.sent() == Sent::No => return Ended::NotSent(e),
+        Ok(Err(e)) if e.never_sent() => return Ended::NotSent(e),
         Ok(Err(e)) => return Ended::NoAnswer(e),
         Ok(Ok(mut response)) => {
             // Once, for what is stored and what the client gets alike.

@@ -195,8 +195,7 @@ async fn store_failed(
             // exchange settles it and retries replay its answer; if not, settling finds
             // nothing. A ghost claim never lets a retry run it twice.
             let slots = admit::slots(rt, connection).ok_or(GatewayError::Overloaded)?;
-            let lease =
-                Lease::new(ctx.record.clone(), ctx.owner, 0, policy.lease, policy.in_progress_ttl(), ctx.claim_sent);
+            let lease = Lease::new(ctx.record.clone(), ctx.owner, 0, claim::terms(policy), ctx.claim_sent);
             let admitted = Admitted { lease, confirmed: false, slots };
             let (parts, body) = request.into_parts();
             let mut response = forward::forward(rt, &mut ctx, admitted, parts, body, &connection.peer).await?;

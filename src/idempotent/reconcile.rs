@@ -56,7 +56,8 @@ use crate::policy::reconcile::Reconcile;
 use crate::policy::scope;
 use crate::runtime::{IdempotentRoute, Runtime};
 use crate::store::{
-    EntryState, IndexKey, LookupEnd, LookupEnded, LookupStart, OwnerToken, RecordKey, Store, StoredResponse, Watch,
+    EntryState, IndexKey, Lifecycle, Lookup, LookupEnd, LookupEnded, Lookups, Operator, OwnerToken, RecordKey,
+    StoredResponse, Watch,
 };
 
 /// How many times, at most, the gateway that lost an answer asks by itself.
@@ -168,16 +169,16 @@ pub async fn on_retry(rt: &Arc<Runtime>, route: &Arc<IdempotentRoute>, question:
         let watch = rt.store.watch(&question.record);
         let token = OwnerToken::generate();
         let sent = Instant::now();
-        match rt.store.begin_lookup(&question.record, &question.fingerprint, token, lease).await {
-            Ok(LookupStart::Moved) => return Asked::Changed,
-            Ok(LookupStart::Busy { left }) => {
+        match rt.store.lookup(&question.record, &question.fingerprint, token, lease).await {
+            Ok(Lookup::Moved) => return Asked::Changed,
+            Ok(Lookup::Busy { left }) => {
                 match wait_for_lookup(rt, route, &question.record, watch, deadline, left).await {
                     Waited::Abandoned if second_chance && Instant::now() < deadline => second_chance = false,
                     Waited::Abandoned => return Asked::Failed,
                     Waited::Ended(asked) => return asked,
                 }
             }
-            Ok(LookupStart::Started { .. }) => break (token, sent),
+            Ok(Lookup::Started { .. }) => break (token, sent),
             Err(e) => {
                 route.metrics.store_error();
                 tracing::debug!(route = %route.name, key = question.record.short(), error = %e, "cannot start a lookup");
@@ -274,13 +275,13 @@ pub fn later(rt: &Arc<Runtime>, route: &Arc<IdempotentRoute>, question: Question
             }
             let token = OwnerToken::generate();
             let lease = lookup_lease(&rt, &route);
-            let started = rt.store.begin_lookup(&question.record, &question.fingerprint, token, lease).await;
+            let started = rt.store.lookup(&question.record, &question.fingerprint, token, lease).await;
             pause = match started {
-                Ok(LookupStart::Moved) => return,
+                Ok(Lookup::Moved) => return,
                 // Another gateway is asking; look again once it must have finished.
-                Ok(LookupStart::Busy { left }) => left + TRUST_MARGIN,
+                Ok(Lookup::Busy { left }) => left + TRUST_MARGIN,
                 Err(_) => (pause * 2).clamp(Duration::from_secs(1), MAX_PAUSE),
-                Ok(LookupStart::Started { .. }) => match ask(&rt, &route, &reconcile, &question, token).await {
+                Ok(Lookup::Started { .. }) => match ask(&rt, &route, &reconcile, &question, token).await {
                     Asked::Found(_) | Asked::Changed => return,
                     Asked::TooEarly { left } => left + TRUST_MARGIN,
                     Asked::Failed | Asked::Running { .. } => (pause * 2).clamp(Duration::from_secs(1), MAX_PAUSE),

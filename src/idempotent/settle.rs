@@ -36,7 +36,7 @@ use tokio::time::Instant;
 use crate::metrics::ReleaseReason;
 use crate::policy::UnknownOutcomePolicy;
 use crate::runtime::IdempotentRoute;
-use crate::store::{Backend, Final, Lease, Renewal, Sent, Settled, Store, StoreError};
+use crate::store::{Backend, Final, Lease, Lifecycle, Renewal, Sent, Settled, StoreError};
 
 /// Settling a lease: the store calls, their logs and counters.
 pub struct Settle<'a> {

@@ -1,20 +1,15 @@
 //! Store: the state of every key, shared by all gateway instances.
 //!
-//! Each key is a small state machine (in progress, completed, executed, unknown, released),
-//! drawn once, with every transition, in docs/architecture.md ("The state of a key"); the
-//! [`Store`] trait has one method per transition.
+//! Each key is a small state machine ([`State`]: in progress, completed, executed, unknown,
+//! released), drawn once, with every transition, in docs/architecture.md ("The state of a
+//! key"). What the store does is four narrow roles (see `roles`): the key's [`Lifecycle`],
+//! [`Lookups`] of unknown outcomes, what an [`Operator`] does, the [`Quota`] of new keys;
+//! each call is one atomic step in the store.
 //!
-//! The attempt counts the executions that may have reached the upstream; the next execution
-//! of a released or taken-over key is announced upstream as attempt + 1 (a release of an
-//! attempt that never left gives its number back). Every transition after the claim names the
-//! owner token, so a gateway whose lease was taken over can neither settle nor release the
-//! new owner's claim. The owner token is made before the claim call: a claim whose reply was
-//! lost (timeout) can still be released by its owner. Claim, fingerprint compare, replay read
-//! and takeover happen in ONE store call; so does each later transition.
-//!
-//! Two backends implement [`Store`] and pass one conformance suite (`tests/store_contract.rs`):
-//! [`RedisStore`] (Lua scripts, any number of instances) and [`MemoryStore`] (one process).
-//! The configured one is a [`Backend`], which also times every call.
+//! Two engines implement every role and pass one conformance suite
+//! (`tests/store_contract.rs`): [`RedisStore`] (Lua scripts, any number of instances) and
+//! [`MemoryStore`] (one process). The configured one is a [`Backend`], which also times every
+//! call.
 
 mod backend;
 mod health;
@@ -22,10 +17,10 @@ mod index;
 mod memory;
 mod record;
 mod redis;
+mod roles;
 mod state;
 mod waiters;
 
-use std::future::Future;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
@@ -34,12 +29,13 @@ use thiserror::Error;
 pub use self::backend::{Backend, CallLabel, Engine};
 pub use self::index::{Cursor, IndexEntry, IndexKey, Page, unix_ms};
 pub use self::memory::MemoryStore;
-pub use self::record::{Payload, RecordError, StoredResponse};
+pub use self::record::{RecordError, StoredResponse};
 pub use self::redis::{Persistence, RedisStore, Settings, Severity};
+pub use self::roles::{Lifecycle, Lookups, Operator, Quota};
 pub use self::state::State;
 pub use self::waiters::Watch;
+pub use crate::body::Payload;
 
-use crate::policy::fingerprint::Fingerprint;
 use crate::policy::key::IdempotencyKey;
 use crate::policy::scope::Scope;
 
@@ -109,6 +105,19 @@ impl QuotaKey {
     }
 }
 
+/// What every store call answers, or why it failed.
+pub type Result<T> = std::result::Result<T, StoreError>;
+
+/// How long a claim holds its key: the lease, which the running request renews, and how long
+/// the open claim's record is kept at most (never shorter than the lease).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Terms {
+    /// How long the lease lasts from the claim or its last renewal.
+    pub lease: Duration,
+    /// How long the record of an open claim is kept.
+    pub ttl: Duration,
+}
+
 /// A random token naming the owner of one claim.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct OwnerToken([u8; 16]);
@@ -131,7 +140,7 @@ impl std::fmt::Debug for OwnerToken {
 }
 
 /// The right to run one request upstream. Not `Clone`: the exchange ends it exactly once,
-/// by settling it ([`Store::settle`]) or releasing it ([`Lease::into_release`]). A lease that
+/// by settling it ([`Lifecycle::settle`]) or releasing it ([`Lease::into_release`]). A lease that
 /// is dropped instead (the process died, a bug) simply expires and is taken over.
 #[derive(Debug)]
 #[must_use = "a lease must be settled or released, or its key stays blocked until it expires"]
@@ -139,8 +148,7 @@ pub struct Lease {
     key: RecordKey,
     owner: OwnerToken,
     attempt: u32,
-    duration: Duration,
-    ttl: Duration,
+    terms: Terms,
     /// When the claim was sent, by this gateway's monotonic clock: the store applied it no
     /// earlier, so the lease ends no earlier than this plus its duration.
     sent: tokio::time::Instant,
@@ -151,11 +159,10 @@ impl Lease {
         key: RecordKey,
         owner: OwnerToken,
         attempt: u32,
-        duration: Duration,
-        ttl: Duration,
+        terms: Terms,
         sent: tokio::time::Instant,
     ) -> Self {
-        Self { key, owner, attempt, duration, ttl, sent }
+        Self { key, owner, attempt, terms, sent }
     }
 
     /// When the claim that made this lease was sent (the lease began no earlier).
@@ -170,7 +177,7 @@ impl Lease {
 
     /// How long a released tombstone is kept.
     pub fn release_ttl(&self) -> Duration {
-        self.ttl
+        self.terms.ttl
     }
 
     /// The record this lease is for.
@@ -185,12 +192,12 @@ impl Lease {
 
     /// How long the lease lasts from its last renewal.
     pub fn duration(&self) -> Duration {
-        self.duration
+        self.terms.lease
     }
 
     /// Consumes the lease for a release: its key, owner and tombstone ttl.
     pub fn into_release(self) -> (RecordKey, OwnerToken, Duration) {
-        (self.key, self.owner, self.ttl)
+        (self.key, self.owner, self.terms.ttl)
     }
 }
 
@@ -257,9 +264,9 @@ pub enum Claim {
     Mismatch,
 }
 
-/// What starting a lookup of an unknown record found.
+/// What starting a lookup of an unknown record found (see [`Lookups::lookup`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LookupStart {
+pub enum Lookup {
     /// The lookup is this caller's; `attempt` executions may have reached the upstream.
     Started {
         /// Executions that may have reached the upstream.
@@ -442,122 +449,6 @@ pub enum StoreError {
     /// type, a script's error): not an outage, a bug or a misconfigured store.
     #[error("store refused the command: {0}")]
     Rejected(String),
-}
-
-/// The transitions of one key. Implementations must be atomic per call.
-pub trait Store: Send + Sync {
-    /// Claims `key` for a request with `fingerprint` under the caller's fresh `owner` token:
-    /// acquires it if absent or released (or its lease has passed), else reports what is
-    /// there. `ttl` bounds how long an open claim is kept; it is never shorter than the lease.
-    fn claim(
-        &self,
-        key: &RecordKey,
-        fingerprint: &Fingerprint,
-        owner: OwnerToken,
-        lease: Duration,
-        ttl: Duration,
-    ) -> impl Future<Output = Result<Claim, StoreError>> + Send;
-
-    /// Extends a live lease by its full duration.
-    fn renew(&self, lease: &Lease) -> impl Future<Output = Result<Renewal, StoreError>> + Send;
-
-    /// Ends the claim with its outcome, kept for `retention`. Takes the lease by reference so
-    /// that a call that failed can be repeated; the caller drops the lease once it is settled.
-    fn settle(
-        &self,
-        lease: &Lease,
-        outcome: Final<'_>,
-        retention: Duration,
-    ) -> impl Future<Output = Result<Settled, StoreError>> + Send;
-
-    /// Ends the claim of `owner` on `key` without an outcome: a retry runs again. Takes the
-    /// owner rather than a [`Lease`] so that a claim whose reply never arrived can be released.
-    fn release(
-        &self,
-        key: &RecordKey,
-        owner: OwnerToken,
-        sent: Sent,
-        ttl: Duration,
-    ) -> impl Future<Output = Result<Settled, StoreError>> + Send;
-
-    /// What the store holds for `key`.
-    fn get(&self, key: &RecordKey) -> impl Future<Output = Result<Option<Entry>, StoreError>> + Send;
-
-    /// Sets a record in `unknown` or `executed` to `completed` with an operator's answer, kept
-    /// for `retention`; any other state is left alone (`Resolved::Refused`).
-    fn resolve(
-        &self,
-        key: &RecordKey,
-        response: &StoredResponse,
-        retention: Duration,
-    ) -> impl Future<Output = Result<Resolved, StoreError>> + Send;
-
-    /// Starts a lookup of an `unknown` record under the caller's fresh `token`, held for
-    /// `lease`: at most one lookup per key runs at a time, across all gateways. A record that
-    /// is no longer unknown, or was made by another request, is reported, not touched.
-    fn begin_lookup(
-        &self,
-        key: &RecordKey,
-        fingerprint: &Fingerprint,
-        token: OwnerToken,
-        lease: Duration,
-    ) -> impl Future<Output = Result<LookupStart, StoreError>> + Send;
-
-    /// Ends the lookup `token` holds on `key` with what the upstream said (a compare-and-set:
-    /// nothing changes unless the record is still unknown and the lookup still ours).
-    fn end_lookup(
-        &self,
-        key: &RecordKey,
-        token: OwnerToken,
-        end: LookupEnd<'_>,
-    ) -> impl Future<Output = Result<LookupEnded, StoreError>> + Send;
-
-    /// Adds `entry` to the index of records that need an operator, in `held`, until
-    /// `expires_in` from now. Best effort: the index may live on another node than the record.
-    fn index(
-        &self,
-        index: &IndexKey,
-        held: State,
-        entry: &IndexEntry,
-        expires_in: Duration,
-    ) -> impl Future<Output = Result<(), StoreError>> + Send;
-
-    /// Takes `record` out of the index (it no longer needs an operator).
-    fn unindex(&self, index: &IndexKey, record: &RecordKey) -> impl Future<Output = Result<(), StoreError>> + Send;
-
-    /// One page of the index in `held`, oldest first, from `cursor`: the entries as indexed
-    /// (the caller checks each against its record) and where the next page starts.
-    fn list(
-        &self,
-        index: &IndexKey,
-        held: State,
-        cursor: Option<Cursor>,
-        limit: usize,
-    ) -> impl Future<Output = Result<Page, StoreError>> + Send;
-
-    /// How many entries the index holds in `held` (not yet expired).
-    fn count(&self, index: &IndexKey, held: State) -> impl Future<Output = Result<u64, StoreError>> + Send;
-
-    /// Releases `key`, keeping its attempt count (an operator's purge): any record but a
-    /// claim whose lease is live, which only a `force`d purge releases (its request may be
-    /// running upstream). The check and the release are one atomic step.
-    fn purge(&self, key: &RecordKey, force: bool) -> impl Future<Output = Result<Purged, StoreError>> + Send;
-
-    /// Starts watching `key`: the returned [`Watch`] fires when the key is settled or
-    /// released after this call. Register BEFORE re-reading the key, or a change between the
-    /// read and the registration is missed.
-    fn watch(&self, key: &RecordKey) -> Watch;
-
-    /// Counts one new key against the budget `key`, whose window lasts `window` from its
-    /// first key: the count so far in this window, and the time until it ends.
-    fn count_new_key(
-        &self,
-        key: &QuotaKey,
-        window: Duration,
-    ) -> impl Future<Output = Result<(u64, Duration), StoreError>> + Send;
-
-    /// Whether the store answers.
-    fn ping(&self) -> impl Future<Output = Result<(), StoreError>> + Send;
 }
 
 #[cfg(test)]

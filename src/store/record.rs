@@ -13,6 +13,8 @@ use bytes::{BufMut, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use thiserror::Error;
 
+use crate::body::Payload;
+
 const VERSION: u8 = 1;
 
 /// An upstream response as kept for replay.
@@ -24,108 +26,6 @@ pub struct StoredResponse {
     pub headers: HeaderMap,
     /// Body, exactly as the upstream sent it.
     pub body: Payload,
-}
-
-/// A body held in shared buffers: one, as a store returns it, or the pieces an upstream's
-/// answer arrived in. The pieces are never joined: the client's answer and the store's write
-/// both read them where they are, so a captured answer is not copied by the gateway itself.
-#[derive(Clone, Default)]
-pub struct Payload {
-    first: Bytes,
-    /// The pieces after `first`, rarely any for small answers.
-    rest: Vec<Bytes>,
-    len: usize,
-}
-
-impl Payload {
-    /// A body in the pieces it arrived in (empty pieces are left out).
-    pub fn from_pieces(pieces: Vec<Bytes>) -> Self {
-        let mut pieces = pieces.into_iter().filter(|b| !b.is_empty());
-        let first = pieces.next().unwrap_or_default();
-        let rest: Vec<Bytes> = pieces.collect();
-        let len = first.len() + rest.iter().map(Bytes::len).sum::<usize>();
-        Self { first, rest, len }
-    }
-
-    /// Its length in bytes.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether it has no bytes.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
-    /// Its pieces, in order (none for an empty body).
-    pub fn pieces(&self) -> impl Iterator<Item = &Bytes> {
-        std::iter::once(&self.first).chain(&self.rest).filter(|b| !b.is_empty())
-    }
-
-    /// The body in one buffer: shared when it is one piece, else joined (a copy).
-    pub fn to_bytes(&self) -> Bytes {
-        if self.rest.is_empty() {
-            return self.first.clone();
-        }
-        let mut out = BytesMut::with_capacity(self.len);
-        for piece in self.pieces() {
-            out.extend_from_slice(piece);
-        }
-        out.freeze()
-    }
-}
-
-impl From<Bytes> for Payload {
-    fn from(bytes: Bytes) -> Self {
-        let len = bytes.len();
-        Self { first: bytes, rest: Vec::new(), len }
-    }
-}
-
-impl From<Vec<u8>> for Payload {
-    fn from(bytes: Vec<u8>) -> Self {
-        Bytes::from(bytes).into()
-    }
-}
-
-impl From<&'static [u8]> for Payload {
-    fn from(bytes: &'static [u8]) -> Self {
-        Bytes::from_static(bytes).into()
-    }
-}
-
-impl From<&'static str> for Payload {
-    fn from(text: &'static str) -> Self {
-        Bytes::from_static(text.as_bytes()).into()
-    }
-}
-
-/// Equal when the bytes are, however they are cut into pieces.
-impl PartialEq for Payload {
-    fn eq(&self, other: &Self) -> bool {
-        if self.len != other.len {
-            return false;
-        }
-        let (mut a, mut b) = (self.pieces().flat_map(|p| p.iter()), other.pieces().flat_map(|p| p.iter()));
-        loop {
-            match (a.next(), b.next()) {
-                (None, None) => return true,
-                (x, y) if x != y => return false,
-                _ => {}
-            }
-        }
-    }
-}
-
-impl std::fmt::Debug for Payload {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let first: Vec<u8> = self.pieces().flat_map(|p| p.iter().copied()).take(64).collect();
-        f.debug_struct("Payload")
-            .field("len", &self.len)
-            .field("pieces", &(usize::from(!self.first.is_empty()) + self.rest.len()))
-            .field("start", &Bytes::from(first))
-            .finish()
-    }
 }
 
 /// Why stored bytes could not be read back as a response.

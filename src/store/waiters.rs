@@ -48,7 +48,7 @@ impl Waiters {
     }
 }
 
-/// A registered wait for one key; see [`Store::watch`](super::Store::watch).
+/// A registered wait for one key; see [`Lifecycle::watch`](super::Lifecycle::watch).
 pub struct Watch {
     notified: OwnedNotified,
     poll: Option<Duration>,

@@ -15,12 +15,13 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::index::{expiry_score, live_start, unix_ms};
+mod operator;
+
+use self::operator::Index;
 use super::waiters::Waiters;
 use super::{
-    Claim, Cursor, Entry, EntryState, Final, IndexEntry, IndexKey, Lease, LookupEnd, LookupEnded, LookupStart,
-    OwnerToken, Page, Purged, QuotaKey, RecordKey, Renewal, Resolved, Sent, Settled, State, Store, StoreError,
-    StoredResponse, Watch,
+    Claim, EntryState, Final, IndexKey, Lease, Lifecycle, Lookup, LookupEnd, LookupEnded, Lookups, OwnerToken, Quota,
+    QuotaKey, RecordKey, Renewal, Result, Sent, Settled, StoreError, StoredResponse, Terms, Watch,
 };
 use crate::policy::fingerprint::Fingerprint;
 
@@ -74,21 +75,6 @@ enum Data {
 struct Unknown {
     trusted_at: Instant,
     lookup: Option<(OwnerToken, Instant)>,
-}
-
-/// One route's index: entries by (expiry score, record name), and each record's place.
-#[derive(Default)]
-struct Index {
-    order: BTreeMap<(State, u64, String), IndexEntry>,
-    place: HashMap<String, (State, u64)>,
-}
-
-impl Index {
-    fn remove(&mut self, record: &str) {
-        if let Some((held, score)) = self.place.remove(record) {
-            self.order.remove(&(held, score, record.to_owned()));
-        }
-    }
 }
 
 impl Slot {
@@ -196,15 +182,9 @@ impl Inner {
     }
 }
 
-impl Store for MemoryStore {
-    async fn claim(
-        &self,
-        key: &RecordKey,
-        fingerprint: &Fingerprint,
-        owner: OwnerToken,
-        lease: Duration,
-        ttl: Duration,
-    ) -> Result<Claim, StoreError> {
+impl Lifecycle for MemoryStore {
+    async fn claim(&self, key: &RecordKey, fp: &Fingerprint, owner: OwnerToken, terms: Terms) -> Result<Claim> {
+        let Terms { lease, ttl } = terms;
         let now = Instant::now();
         let ttl = ttl.max(lease);
         let mut inner = self.lock();
@@ -212,11 +192,11 @@ impl Store for MemoryStore {
         let attempt = match inner.entries.get_mut(key) {
             Some(slot) if matches!(slot.data, Data::Released) => {
                 slot.attempt += 1;
-                slot.fingerprint = *fingerprint;
+                slot.fingerprint = *fp;
                 slot.data = claimed;
                 slot.attempt
             }
-            Some(slot) if slot.fingerprint != *fingerprint => return Ok(Claim::Mismatch),
+            Some(slot) if slot.fingerprint != *fp => return Ok(Claim::Mismatch),
             Some(Slot { data: Data::Completed(response), .. }) => return Ok(Claim::Completed(response.clone())),
             Some(Slot { data: Data::Executed(response), .. }) => return Ok(Claim::Executed(response.clone())),
             Some(Slot { data: Data::Unknown(_), attempt, .. }) => return Ok(Claim::Unknown { attempt: *attempt }),
@@ -236,7 +216,7 @@ impl Store for MemoryStore {
                     return Err(StoreError::Full);
                 }
                 let expires = inner.expiry_id(key, now + ttl);
-                let slot = Slot { fingerprint: *fingerprint, attempt: 1, expires, data: claimed, settled_by: None };
+                let slot = Slot { fingerprint: *fp, attempt: 1, expires, data: claimed, settled_by: None };
                 inner.entries.insert(key.clone(), slot);
                 1
             }
@@ -244,10 +224,10 @@ impl Store for MemoryStore {
         if attempt > 1 {
             inner.set_expiry(key, now + ttl);
         }
-        Ok(Claim::Acquired(Lease::new(key.clone(), owner, attempt, lease, ttl, now)))
+        Ok(Claim::Acquired(Lease::new(key.clone(), owner, attempt, Terms { lease, ttl }, now)))
     }
 
-    async fn renew(&self, lease: &Lease) -> Result<Renewal, StoreError> {
+    async fn renew(&self, lease: &Lease) -> Result<Renewal> {
         let now = Instant::now();
         let mut inner = self.lock();
         let Some(slot) = inner.entries.get_mut(&lease.key) else {
@@ -259,14 +239,14 @@ impl Store for MemoryStore {
         if *owner != lease.owner {
             return Ok(Renewal::Lost);
         }
-        *deadline = now + lease.duration;
+        *deadline = now + lease.terms.lease;
         if slot.expires.0 < *deadline {
-            inner.set_expiry(&lease.key, now + lease.ttl.max(lease.duration));
+            inner.set_expiry(&lease.key, now + lease.terms.ttl.max(lease.terms.lease));
         }
         Ok(Renewal::Renewed)
     }
 
-    async fn settle(&self, lease: &Lease, outcome: Final<'_>, retention: Duration) -> Result<Settled, StoreError> {
+    async fn settle(&self, lease: &Lease, outcome: Final<'_>, retention: Duration) -> Result<Settled> {
         let now = Instant::now();
         let data = match outcome {
             Final::Response(r) => Data::Completed(r.compact()),
@@ -296,13 +276,7 @@ impl Store for MemoryStore {
         Ok(Settled::Done)
     }
 
-    async fn release(
-        &self,
-        key: &RecordKey,
-        owner: OwnerToken,
-        sent: Sent,
-        ttl: Duration,
-    ) -> Result<Settled, StoreError> {
+    async fn release(&self, key: &RecordKey, owner: OwnerToken, sent: Sent, ttl: Duration) -> Result<Settled> {
         let now = Instant::now();
         {
             let mut inner = self.lock();
@@ -326,68 +300,31 @@ impl Store for MemoryStore {
         Ok(Settled::Done)
     }
 
-    async fn get(&self, key: &RecordKey) -> Result<Option<Entry>, StoreError> {
-        let now = Instant::now();
-        let inner = self.lock();
-        Ok(inner.entries.get(key).map(|slot| Entry {
-            state: slot.entry_state(now),
-            attempt: slot.attempt,
-            expires_in: slot.expires.0.saturating_duration_since(now),
-        }))
+    async fn ping(&self) -> Result<()> {
+        Ok(())
     }
 
-    async fn resolve(
-        &self,
-        key: &RecordKey,
-        response: &StoredResponse,
-        retention: Duration,
-    ) -> Result<Resolved, StoreError> {
-        let now = Instant::now();
-        let was = {
-            let mut inner = self.lock();
-            let Some(slot) = inner.entries.get_mut(key) else { return Ok(Resolved::Refused { state: None }) };
-            let was = match slot.entry_state(now).state() {
-                was @ (State::Unknown | State::Executed) => was,
-                other => return Ok(Resolved::Refused { state: Some(other) }),
-            };
-            let old = slot.weight();
-            slot.data = Data::Completed(response.compact());
-            slot.settled_by = None;
-            let new = slot.weight();
-            inner.bytes = inner.bytes - old + new;
-            inner.set_expiry(key, now + retention);
-            was
-        };
-        self.waiters.notify(key.as_str());
-        Ok(Resolved::Done { was })
+    fn watch(&self, key: &RecordKey) -> Watch {
+        self.waiters.watch(key.as_str(), None)
     }
+}
 
-    async fn begin_lookup(
-        &self,
-        key: &RecordKey,
-        fingerprint: &Fingerprint,
-        token: OwnerToken,
-        lease: Duration,
-    ) -> Result<LookupStart, StoreError> {
+impl Lookups for MemoryStore {
+    async fn lookup(&self, key: &RecordKey, fp: &Fingerprint, token: OwnerToken, lease: Duration) -> Result<Lookup> {
         let now = Instant::now();
         let mut inner = self.lock();
-        let Some(slot) = inner.entries.get_mut(key).filter(|s| s.fingerprint == *fingerprint) else {
-            return Ok(LookupStart::Moved);
+        let Some(slot) = inner.entries.get_mut(key).filter(|s| s.fingerprint == *fp) else {
+            return Ok(Lookup::Moved);
         };
-        let Data::Unknown(unknown) = &mut slot.data else { return Ok(LookupStart::Moved) };
+        let Data::Unknown(unknown) = &mut slot.data else { return Ok(Lookup::Moved) };
         if let Some((_, end)) = unknown.lookup.filter(|(_, end)| *end > now) {
-            return Ok(LookupStart::Busy { left: end - now });
+            return Ok(Lookup::Busy { left: end - now });
         }
         unknown.lookup = Some((token, now + lease));
-        Ok(LookupStart::Started { attempt: slot.attempt })
+        Ok(Lookup::Started { attempt: slot.attempt })
     }
 
-    async fn end_lookup(
-        &self,
-        key: &RecordKey,
-        token: OwnerToken,
-        end: LookupEnd<'_>,
-    ) -> Result<LookupEnded, StoreError> {
+    async fn end_lookup(&self, key: &RecordKey, token: OwnerToken, end: LookupEnd<'_>) -> Result<LookupEnded> {
         let now = Instant::now();
         let ended = {
             let mut inner = self.lock();
@@ -420,95 +357,10 @@ impl Store for MemoryStore {
         self.waiters.notify(key.as_str());
         Ok(ended)
     }
+}
 
-    async fn index(
-        &self,
-        index: &IndexKey,
-        held: State,
-        entry: &IndexEntry,
-        expires_in: Duration,
-    ) -> Result<(), StoreError> {
-        let mut indexes = self.indexes.lock().unwrap_or_else(PoisonError::into_inner);
-        let now = unix_ms();
-        // Expired entries of every index go first, so that the map holds only live ones.
-        for index in indexes.values_mut() {
-            let expired: Vec<String> =
-                index.place.iter().filter(|(_, (_, score))| *score < now).map(|(r, _)| r.clone()).collect();
-            for record in expired {
-                index.remove(&record);
-            }
-        }
-        indexes.retain(|_, index| !index.place.is_empty());
-        let index = indexes.entry(index.clone()).or_default();
-        index.remove(&entry.record);
-        let score = expiry_score(expires_in);
-        index.place.insert(entry.record.clone(), (held, score));
-        index.order.insert((held, score, entry.record.clone()), entry.clone());
-        Ok(())
-    }
-
-    async fn unindex(&self, index: &IndexKey, record: &RecordKey) -> Result<(), StoreError> {
-        let mut indexes = self.indexes.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(index) = indexes.get_mut(index) {
-            index.remove(record.as_str());
-        }
-        Ok(())
-    }
-
-    async fn list(
-        &self,
-        index: &IndexKey,
-        held: State,
-        cursor: Option<Cursor>,
-        limit: usize,
-    ) -> Result<Page, StoreError> {
-        let indexes = self.indexes.lock().unwrap_or_else(PoisonError::into_inner);
-        let Some(index) = indexes.get(index) else { return Ok(Page::default()) };
-        let start = live_start(cursor);
-        let from = (held, start.score, String::new());
-        let entries: Vec<(IndexEntry, u64)> = index
-            .order
-            .range(from..)
-            .take_while(|((h, _, _), _)| *h == held)
-            .skip(usize::try_from(start.skip).unwrap_or(usize::MAX))
-            .take(limit)
-            .map(|((_, score, _), entry)| (entry.clone(), *score))
-            .collect();
-        Ok(Page::new(entries, start, limit))
-    }
-
-    async fn count(&self, index: &IndexKey, held: State) -> Result<u64, StoreError> {
-        let indexes = self.indexes.lock().unwrap_or_else(PoisonError::into_inner);
-        let now = unix_ms();
-        Ok(indexes.get(index).map_or(0, |i| i.place.values().filter(|(h, s)| *h == held && *s >= now).count() as u64))
-    }
-
-    async fn purge(&self, key: &RecordKey, force: bool) -> Result<Purged, StoreError> {
-        let released = {
-            let mut inner = self.lock();
-            let Some(slot) = inner.entries.get_mut(key) else { return Ok(Purged::Nothing) };
-            let was = match slot.entry_state(Instant::now()) {
-                EntryState::Released => return Ok(Purged::Nothing),
-                // A request holds it, and may be running upstream now.
-                EntryState::InProgress { lease_left } if !force && !lease_left.is_zero() => {
-                    return Ok(Purged::Refused { lease_left });
-                }
-                state => state.state(),
-            };
-            let weight = slot.weight();
-            slot.data = Data::Released;
-            inner.bytes -= weight;
-            was
-        };
-        self.waiters.notify(key.as_str());
-        Ok(Purged::Released { was: released })
-    }
-
-    fn watch(&self, key: &RecordKey) -> Watch {
-        self.waiters.watch(key.as_str(), None)
-    }
-
-    async fn count_new_key(&self, key: &QuotaKey, window: Duration) -> Result<(u64, Duration), StoreError> {
+impl Quota for MemoryStore {
+    async fn count_new_key(&self, key: &QuotaKey, window: Duration) -> Result<(u64, Duration)> {
         let now = Instant::now();
         let mut quotas = self.quotas.lock().unwrap_or_else(PoisonError::into_inner);
         // Ended windows go, so that the map holds only live budgets.
@@ -517,15 +369,12 @@ impl Store for MemoryStore {
         *count += 1;
         Ok((*count, end.saturating_duration_since(now)))
     }
-
-    async fn ping(&self) -> Result<(), StoreError> {
-        Ok(())
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Operator;
     use http::{HeaderMap, StatusCode};
 
     fn key(n: u32) -> RecordKey {
@@ -540,8 +389,8 @@ mod tests {
     const LEASE: Duration = Duration::from_secs(10);
     const TTL: Duration = Duration::from_secs(3600);
 
-    async fn claim(store: &MemoryStore, n: u32, lease: Duration, ttl: Duration) -> Result<Claim, StoreError> {
-        store.claim(&key(n), &FP, OwnerToken::generate(), lease, ttl).await
+    async fn claim(store: &MemoryStore, n: u32, lease: Duration, ttl: Duration) -> Result<Claim> {
+        store.claim(&key(n), &FP, OwnerToken::generate(), Terms { lease, ttl }).await
     }
 
     async fn complete(store: &MemoryStore, n: u32, len: usize) {
