@@ -50,6 +50,9 @@ use crate::store::{
     StoredResponse,
 };
 
+/// When the store's settings were last read, and what `/readyz` said of them.
+type Checked = (std::time::Instant, Vec<String>);
+
 /// The admin service's shared state.
 #[derive(Clone)]
 pub struct Admin {
@@ -59,7 +62,7 @@ pub struct Admin {
     /// When the unknown-records gauge was last counted (see `refresh_unknown_records`).
     counted: Arc<std::sync::Mutex<Option<std::time::Instant>>>,
     /// What `/readyz` last said about the store's settings, and when (see `store_findings`).
-    settings: Arc<std::sync::Mutex<Option<(std::time::Instant, Vec<String>)>>>,
+    settings: Arc<std::sync::Mutex<Option<Checked>>>,
 }
 
 impl Admin {

@@ -323,7 +323,10 @@ async fn only_a_trusted_proxy_decides_sampling_and_untraced_requests_pass_their_
     // From a trusted proxy (here: loopback), its decision stands even at ratio 0. The
     // collector's header comes from the environment (no other test here reads it).
     // SAFETY: set before the gateway that reads it starts; nothing else reads or writes it.
-    unsafe { std::env::set_var("IDEMGATE_TEST_OTLP_HEADER", "X-Otlp-Token: t0ken") };
+    #[allow(unsafe_code)] // set_var is unsafe since edition 2024; see the line above.
+    unsafe {
+        std::env::set_var("IDEMGATE_TEST_OTLP_HEADER", "X-Otlp-Token: t0ken")
+    };
     let gw = TestGateway::start(&config(
         upstream.addr,
         collector_addr,

@@ -3,6 +3,9 @@
 //! Children are spawned with PR_SET_PDEATHSIG from a thread that lives as long as the process:
 //! the signal fires when the spawning *thread* exits, so a short-lived test thread must not be
 //! the parent. A test binary that panics, or is killed, leaves no redis-server or gateway behind.
+// Children die with the test process (prctl before exec): a libc call. The gateway itself
+// has no unsafe code.
+#![allow(unsafe_code)]
 
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command};
