@@ -42,13 +42,11 @@ use tokio_util::sync::CancellationToken;
 use crate::body::{self, Body, BodyError};
 use crate::error::Problem;
 use crate::gateway::Gateway;
+use crate::operator::{Keys, Refusal, wire};
 use crate::policy::scope::{MissingScope, Scope};
 use crate::reload::Live;
 use crate::runtime::IdempotentRoute;
-use crate::store::{
-    Cursor, Entry, EntryState, IndexKey, Lifecycle, Operator, Purged, RecordKey, Resolved, Severity, State, StoreError,
-    StoredResponse,
-};
+use crate::store::{Cursor, Lifecycle, RecordKey, Severity, State, StoreError, StoredResponse};
 
 /// When the store's settings were last read, and what `/readyz` said of them.
 type Checked = (std::time::Instant, Vec<String>);
@@ -227,8 +225,7 @@ async fn refresh_unknown_records(admin: &Admin, gw: &Gateway) {
         if route.policy.on_unknown_outcome != crate::policy::UnknownOutcomePolicy::Hold {
             continue;
         }
-        let index = IndexKey::new(rt.key_prefix(), &route.name);
-        match rt.store.count(&index, State::Unknown).await {
+        match Keys::count_unknown(rt, route).await {
             Ok(count) => rt.metrics.set_unknown_records(&route.name, count),
             Err(e) => {
                 tracing::debug!(route = %route.name, error = %e, "cannot count unknown records");
@@ -323,27 +320,14 @@ async fn keys(gw: &Gateway, peer: IpAddr, request: Request<Incoming>) -> Respons
     let Some(route) = gw.idempotent_route(route_name) else {
         return bad("No idempotent route has that name.");
     };
+    let keys = Keys::new(gw.runtime(), route, peer);
     let reading = parts.method == Method::GET || parts.method == Method::HEAD;
     if reading && query.key.is_none() && query.state.is_some() {
-        return list(gw, route, &query).await;
+        return list(gw, &keys, &query).await;
     }
     let record = match record_of(route, &query, &parts.headers, gw) {
         Ok(record) => record,
         Err(detail) => return bad(&detail),
-    };
-    let rt = gw.runtime();
-    let index = IndexKey::new(rt.key_prefix(), &route.name);
-    let audit = |action: &'static str, before: Option<&str>, result: &str| {
-        tracing::info!(
-            target: "idemgate::audit",
-            %peer,
-            action,
-            route = %route.name,
-            key = record.short(),
-            before = before.unwrap_or("-"),
-            result,
-            "operator changed a key"
-        );
     };
     match parts.method {
         Method::DELETE => {
@@ -352,71 +336,56 @@ async fn keys(gw: &Gateway, peer: IpAddr, request: Request<Incoming>) -> Respons
                 Some("true") => true,
                 Some(_) => return bad("force must be true or false."),
             };
-            let action = if force { "forced-release" } else { "release" };
-            match rt.store.purge(&record, force).await {
-                Ok(Purged::Released { was }) => {
-                    audit(action, Some(was.name()), "released");
-                    let _ = rt.store.unindex(&index, &record).await;
-                    json_response(StatusCode::OK, &json!({ "released": true, "was": was }))
-                }
-                Ok(Purged::Nothing) => {
-                    audit(action, None, "nothing to release");
-                    json_response(StatusCode::OK, &json!({ "released": false, "was": null }))
-                }
-                Ok(Purged::Refused { lease_left }) => {
-                    audit(action, Some(State::InProgress.name()), "refused: a request holds the key");
-                    let detail = format!(
-                        "A request holds this key and may be running upstream now (its lease ends within {}s): \
-                         released, a retry would run it a second time beside it. Nothing changed. Wait for it to \
-                         settle, or release it with force=true only if you know it is not running.",
-                        lease_left.as_secs_f64().ceil()
-                    );
-                    let mut r = problem(gw, StatusCode::CONFLICT, "admin-conflict", "Not releasable", &detail);
-                    r.headers_mut().insert("x-record-state", HeaderValue::from_static(State::InProgress.name()));
-                    r
-                }
-                Err(e) => {
-                    audit(action, None, "store error");
-                    store_failed(gw, e)
-                }
+            match keys.release(&record, force).await {
+                Ok(released) => json_response(StatusCode::OK, &released),
+                Err(refusal) => refused(gw, refusal),
             }
         }
         Method::PUT => {
             let answer = match read_answer(gw, route, &parts.headers, body).await {
                 Ok(answer) => answer,
                 Err(refused) => {
-                    audit("resolve", None, "refused: not an answer");
+                    keys.refused_answer(&record);
                     return refused;
                 }
             };
-            match rt.store.resolve(&record, &answer, route.policy.retention).await {
-                Ok(Resolved::Done { was }) => {
-                    audit("resolve", Some(was.name()), &format!("resolved with {}", answer.status.as_u16()));
-                    let _ = rt.store.unindex(&index, &record).await;
-                    json_response(StatusCode::OK, &json!({ "resolved": true, "was": was }))
-                }
-                Ok(Resolved::Refused { state }) => {
-                    let state = state.map_or("absent", State::name);
-                    audit("resolve", Some(state), "refused: not unknown or executed");
-                    let detail = format!(
-                        "The record is {state}: only an unknown or executed record can be resolved. Nothing changed."
-                    );
-                    let mut r = problem(gw, StatusCode::CONFLICT, "admin-conflict", "Not resolvable", &detail);
-                    r.headers_mut().insert("x-record-state", HeaderValue::from_static(state));
-                    r
-                }
-                Err(e) => {
-                    audit("resolve", None, "store error");
-                    store_failed(gw, e)
-                }
+            match keys.resolve(&record, &answer).await {
+                Ok(resolved) => json_response(StatusCode::OK, &resolved),
+                Err(refusal) => refused(gw, refusal),
             }
         }
-        _ => match rt.store.get(&record).await {
-            Ok(None) => json_response(StatusCode::NOT_FOUND, &json!({ "state": "absent" })),
-            Ok(Some(entry)) => json_response(StatusCode::OK, &describe(&entry)),
+        _ => match keys.inspect(&record).await {
+            Ok(None) => json_response(StatusCode::NOT_FOUND, &json!({ "state": wire::ABSENT })),
+            Ok(Some(found)) => json_response(StatusCode::OK, &found),
             Err(e) => store_failed(gw, e),
         },
     }
+}
+
+/// The answer to an operator's change that was not made.
+fn refused(gw: &Gateway, refusal: Refusal) -> Response<Body> {
+    let (detail, title, state) = match refusal {
+        Refusal::Running { lease_left } => (
+            format!(
+                "A request holds this key and may be running upstream now (its lease ends within {}s): \
+                 released, a retry would run it a second time beside it. Nothing changed. Wait for it to \
+                 settle, or release it with force=true only if you know it is not running.",
+                lease_left.as_secs_f64().ceil()
+            ),
+            "Not releasable",
+            State::InProgress.name(),
+        ),
+        Refusal::NotHeld { state } => {
+            let state = state.map_or(wire::ABSENT, State::name);
+            let detail =
+                format!("The record is {state}: only an unknown or executed record can be resolved. Nothing changed.");
+            (detail, "Not resolvable", state)
+        }
+        Refusal::Store(e) => return store_failed(gw, e),
+    };
+    let mut r = problem(gw, StatusCode::CONFLICT, "admin-conflict", title, &detail);
+    r.headers_mut().insert("x-record-state", HeaderValue::from_static(state));
+    r
 }
 
 /// The record a `/keys` call names: the route, the key, and the caller (see the module docs).
@@ -460,39 +429,10 @@ fn record_of(
     Ok(gw.runtime().record_key(&route.name, &scope, &key))
 }
 
-/// What `GET /keys` says about one record.
-fn describe(entry: &Entry) -> serde_json::Value {
-    let mut doc = json!({
-        "state": entry.state.state(),
-        "attempt": entry.attempt,
-        "expires_in_ms": entry.expires_in.as_millis() as u64,
-    });
-    match entry.state {
-        EntryState::InProgress { lease_left } => doc["lease_left_ms"] = json!(lease_left.as_millis() as u64),
-        EntryState::Completed { status, body_len } => {
-            doc["status"] = json!(status);
-            doc["body_bytes"] = json!(body_len);
-        }
-        EntryState::Executed { status } => doc["status"] = json!(status),
-        EntryState::Unknown { lookup, trusted_in } => {
-            doc["lookup_in_flight"] = json!(lookup.is_some());
-            if let Some(left) = lookup {
-                doc["lookup_left_ms"] = json!(left.as_millis() as u64);
-            }
-            // When a lookup's "not found" becomes proof that the request never ran.
-            if let Some(trusted_in) = trusted_in {
-                doc["not_found_trusted_in_ms"] = json!(trusted_in.as_millis() as u64);
-            }
-        }
-        EntryState::Released => {}
-    }
-    doc
-}
-
 /// `GET /keys?route=R&state=unknown|executed[&cursor=C][&limit=N]`: one page of the route's
 /// records in that state, oldest first. Each entry of the index is checked against its record
 /// (the index is best-effort): one that moved on is dropped from the index and not listed.
-async fn list(gw: &Gateway, route: &IdempotentRoute, query: &KeysQuery) -> Response<Body> {
+async fn list(gw: &Gateway, keys: &Keys<'_>, query: &KeysQuery) -> Response<Body> {
     let bad = |detail: &str| problem(gw, StatusCode::BAD_REQUEST, "admin-bad-request", "Bad request", detail);
     let Some(held) = query.state.as_deref().and_then(State::parse).filter(|state| state.is_held()) else {
         return bad("state must be unknown or executed: the states that need an operator.");
@@ -509,44 +449,10 @@ async fn list(gw: &Gateway, route: &IdempotentRoute, query: &KeysQuery) -> Respo
             None => return bad("cursor is not one this endpoint handed out."),
         },
     };
-    let rt = gw.runtime();
-    let index = IndexKey::new(rt.key_prefix(), &route.name);
-    let page = match rt.store.list(&index, held, cursor, limit).await {
-        Ok(page) => page,
-        Err(e) => return store_failed(gw, e),
-    };
-    let now = crate::store::unix_ms();
-    let mut records = Vec::with_capacity(page.entries.len());
-    for (entry, _score) in page.entries {
-        let record = entry.record_key();
-        let state = match rt.store.get(&record).await {
-            Ok(state) => state,
-            Err(e) => return store_failed(gw, e),
-        };
-        if state.as_ref().map(|e| e.state.state()) != Some(held) {
-            let _ = rt.store.unindex(&index, &record).await;
-            continue;
-        }
-        let attempt = state.map_or(0, |e| e.attempt);
-        records.push(json!({
-            "key": entry.key,
-            "scope_hash": entry.scope_hash,
-            "state": held,
-            "attempt": attempt,
-            "since_ms": now.saturating_sub(entry.since_unix_ms),
-            "method": entry.method,
-            "path": entry.path,
-        }));
+    match keys.list(held, cursor, limit).await {
+        Ok(page) => json_response(StatusCode::OK, &page),
+        Err(e) => store_failed(gw, e),
     }
-    json_response(
-        StatusCode::OK,
-        &json!({
-            "route": route.name,
-            "state": held,
-            "records": records,
-            "next_cursor": page.next.map(|c| c.encode()),
-        }),
-    )
 }
 
 /// The operator's answer in a `PUT /keys` body (see [`crate::operator`]), read whole within
@@ -611,8 +517,9 @@ fn text(status: StatusCode, body: &'static str) -> Response<Body> {
     r
 }
 
-fn json_response(status: StatusCode, value: &serde_json::Value) -> Response<Body> {
-    let mut r = Response::new(body::full(value.to_string()));
+fn json_response(status: StatusCode, value: &impl serde::Serialize) -> Response<Body> {
+    // Plain data: serialising cannot fail.
+    let mut r = Response::new(body::full(serde_json::to_string(value).unwrap_or_default()));
     *r.status_mut() = status;
     r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     r

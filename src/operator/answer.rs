@@ -1,6 +1,5 @@
-//! What an operator tells the gateway about a held key: the answer that settles it (`PUT
-//! /keys`, `idemgate keys resolve`), read and checked in one place for the admin listener and
-//! the command line alike.
+//! The answer that settles a held key (`PUT /keys`, `idemgate keys resolve`), read and
+//! checked in one place for the admin listener and the command line alike.
 //!
 //! The hazard is framing. An answer is replayed to every retry for the route's retention; a
 //! `Content-Length` or `Transfer-Encoding` that does not match its body would make the next
@@ -16,8 +15,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use thiserror::Error;
 
-pub use crate::headers::has_no_body;
-use crate::headers::{self, StoredHeaders};
+use crate::headers::{self, StoredHeaders, has_no_body};
 use crate::store::StoredResponse;
 
 /// Why an operator's answer was refused. Each names what to change.
