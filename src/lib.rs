@@ -6,39 +6,41 @@
 //! `docs/architecture.md` for the request path and the state of a key, drawn.
 //!
 //! The modules, from the process down to what everything uses (arrows only point down this
-//! list):
+//! list; `docs/architecture.md` draws the layers):
 //!
 //! - [`server`]: listeners, HTTP/1.1 + h2c (and TLS) connections, graceful shutdown;
-//! - [`admin`]: health, readiness, metrics, key inspect/purge, published policy, routes;
+//! - [`admin`]: the admin listener: health, readiness, metrics, `/keys`, `/routes`, `/reload`,
+//!   the published policy;
 //! - [`reload`]: a new configuration without a restart (SIGHUP, `POST /reload`);
-//! - [`publish`]: the idempotency policy of every route, as Markdown and JSON;
 //! - [`gateway`]: the routes and the runtime built from the config; the top of the request
 //!   path: check, route, serve, count, log;
 //! - [`idempotent`]: the idempotent path as named phases: identify, claim, admit, forward,
 //!   settle, answer;
+//! - [`operator`]: what an operator does to held keys (inspect, release, resolve, list), the
+//!   answer an operator gives, checked so that no answer can break a replay's framing, and the
+//!   documents `/keys` answers with;
+//! - [`proxy`]: streaming pass-through for routes without idempotency;
 //! - [`runtime`]: the handle the request path runs on (store, exchanges, limits, metrics),
 //!   and the routes at run time;
 //! - [`check`]: what a request must be before the gateway acts on it;
+//! - [`access`]: one access log line per request;
 //! - [`error`]: every error, and the one table that says how each is answered, counted and
 //!   logged;
-//! - [`proxy`]: streaming pass-through for routes without idempotency;
 //! - [`telemetry`]: traces exported over OTLP, W3C trace context to the upstream;
+//! - [`store`]: the state of every key, as four narrow roles (the key's lifecycle, lookups,
+//!   an operator's calls, the quota), on Redis with Lua or in memory;
+//! - [`publish`]: the idempotency policy of every route, as Markdown and JSON;
 //! - [`upstream`]: pooled http/https clients and request preparation;
 //! - [`connection`]: one client connection's limits: idle and head deadlines, exchanges,
 //!   abandoned requests;
 //! - [`descriptors`]: the listeners' connection caps, fitted into the process's
 //!   descriptor limit with a reserve for the store and the upstreams;
-//! - [`operator`]: what an operator tells the gateway about a held key (the answer of
-//!   `PUT /keys`), checked so that no answer can break a replay's framing;
-//! - [`store`]: the state of every key: claim, renew, settle, release (Redis with Lua, or
-//!   memory);
 //! - [`config`]: `gateway.toml`, validated into the types below;
 //! - [`policy`]: a route's `[routes.idempotency]`, and the readings of a request it defines
 //!   (key, scope, fingerprint);
-//! - [`access`]: one access log line per request;
-//! - [`body`], [`headers`], [`forwarded`], [`path`], [`router`], [`metrics`]: bodies and
-//!   their bounds, header hygiene, forwarding headers, path normalisation, method + path →
-//!   route, Prometheus metrics.
+//! - [`forwarded`], [`metrics`]: forwarding headers, Prometheus metrics;
+//! - [`body`], [`headers`], [`path`], [`router`], [`log_writer`]: bodies and their bounds,
+//!   header hygiene, path normalisation, method + path → route, the writer of log lines.
 //!
 //! The crate's surface is what the binary, the tests and the fuzz targets use: the
 //! configuration, the policy, the store, an operator's answer, the descriptor budget, and
