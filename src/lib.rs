@@ -39,8 +39,9 @@
 //! - [`policy`]: a route's `[routes.idempotency]`, and the readings of a request it defines
 //!   (key, scope, fingerprint);
 //! - [`forwarded`], [`metrics`]: forwarding headers, Prometheus metrics;
-//! - [`body`], [`headers`], [`path`], [`router`], [`log_writer`]: bodies and their bounds,
-//!   header hygiene, path normalisation, method + path → route, the writer of log lines.
+//! - [`body`], [`headers`], [`path`], [`router`], [`log_writer`], [`outbound`]: bodies and
+//!   their bounds, header hygiene, path normalisation, method + path → route, the writer of
+//!   log lines, the TLS and error chains of outgoing clients.
 //!
 //! The crate's surface is what the binary, the tests and the fuzz targets use: the
 //! configuration, the policy, the store, an operator's answer, the descriptor budget, and
@@ -50,6 +51,7 @@ pub mod config;
 pub mod descriptors;
 pub mod log_writer;
 pub mod operator;
+pub mod outbound;
 pub mod policy;
 pub mod store;
 

@@ -2,7 +2,7 @@
 //! gateway's admin listener (`idemgate keys`).
 //!
 //! The binary is the only place that reads the environment: the log filter (`RUST_LOG`) here,
-//! the admin token and a caller's scope in `cli/keys.rs`.
+//! the admin token and a caller's scope in `cli/keys/`.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -15,7 +15,7 @@ use idemgate::{Live, Server, Upstream};
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::fmt::writer::BoxMakeWriter;
 
-#[path = "cli/keys.rs"]
+#[path = "cli/keys/mod.rs"]
 mod keys;
 
 /// An idempotency gateway: a reverse proxy that runs each keyed request upstream once.

@@ -8,7 +8,6 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -21,13 +20,12 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use hyper_util::rt::TokioIo;
-use rustls_pki_types::CertificateDer;
-use rustls_pki_types::pem::PemObject;
 use thiserror::Error;
 
 use crate::body::Body;
 use crate::config::UpstreamConfig;
 use crate::forwarded::{self, Peer};
+use crate::outbound::{self, Roots, TlsSetupError, error_chain};
 
 /// Why an exchange with the upstream failed.
 #[derive(Debug, Error)]
@@ -264,50 +262,24 @@ impl tower_service::Service<Uri> for Dial {
     }
 }
 
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        out.push_str(": ");
-        out.push_str(&s.to_string());
-        source = s.source();
-    }
-    out
-}
-
+/// The TLS configuration of `config`'s pool: its `ca_file`, else the system's roots for an
+/// https upstream, else none.
 fn tls_config(config: &UpstreamConfig) -> Result<rustls::ClientConfig, UpstreamSetupError> {
-    let tls_err = |detail: String| UpstreamSetupError::Tls { upstream: config.name.clone(), detail };
-    let mut roots = rustls::RootCertStore::empty();
-    match &config.ca_file {
-        Some(path) => {
-            let ca_err = |detail: String| UpstreamSetupError::CaFile { upstream: config.name.clone(), detail };
-            let certs = CertificateDer::pem_file_iter(path)
-                .map_err(|e| ca_err(format!("cannot read {}: {e}", path.display())))?
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| ca_err(format!("{}: {e}", path.display())))?;
-            if certs.is_empty() {
-                return Err(ca_err(format!("{} holds no PEM certificates", path.display())));
+    let roots = match &config.ca_file {
+        Some(path) => Roots::PemFile(path),
+        None if config.url.scheme() == Some(&Scheme::HTTPS) => Roots::System,
+        None => Roots::None,
+    };
+    outbound::tls_config(roots).map_err(|e| {
+        let upstream = config.name.clone();
+        match e {
+            TlsSetupError::CaFile(detail) => UpstreamSetupError::CaFile { upstream, detail },
+            TlsSetupError::NoSystemRoots => {
+                UpstreamSetupError::Tls { upstream, detail: "no system CA certificates found; set ca_file".into() }
             }
-            for cert in certs {
-                roots.add(cert).map_err(|e| ca_err(e.to_string()))?;
-            }
+            TlsSetupError::Protocol(detail) => UpstreamSetupError::Tls { upstream, detail },
         }
-        None if config.url.scheme() == Some(&Scheme::HTTPS) => {
-            let native = rustls_native_certs::load_native_certs();
-            roots.add_parsable_certificates(native.certs);
-            if roots.is_empty() {
-                return Err(tls_err("no system CA certificates found; set ca_file".into()));
-            }
-        }
-        // Cleartext upstream: the TLS half of the connector is never used.
-        None => {}
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    Ok(rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| tls_err(e.to_string()))?
-        .with_root_certificates(roots)
-        .with_no_client_auth())
+    })
 }
 
 #[cfg(test)]

@@ -1,0 +1,206 @@
+//! The admin listener's client: one `/keys` call over http or https within a deadline, and
+//! its answer, judged by status (a problem document becomes the failure it describes).
+
+use bytes::Bytes;
+use http::uri::{Authority, Scheme};
+use http::{HeaderValue, Method, Request, StatusCode, Uri, header};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use idemgate::operator::wire;
+use idemgate::outbound::{self, Roots, TlsSetupError, error_chain};
+use serde_json::Value;
+
+use super::args::TargetArgs;
+use super::input::CallerScope;
+use super::render::{printable, snippet};
+use super::{CONNECT_TIMEOUT, Failure, MAX_ANSWER_BYTES, REQUEST_TIMEOUT, TOKEN_VAR};
+
+/// `route=R&key=K[&scope_hash=H]`, percent-encoded: keys may hold any printable character.
+pub(super) fn target_query(args: &TargetArgs, scope: &CallerScope) -> String {
+    let mut pairs = vec![("route", args.route.as_str()), ("key", args.key.as_str())];
+    if let Some(hash) = &scope.hash {
+        pairs.push(("scope_hash", hash));
+    }
+    encode_query(&pairs)
+}
+
+pub(super) fn encode_query(pairs: &[(&str, &str)]) -> String {
+    let mut query = form_urlencoded::Serializer::new(String::new());
+    for (name, value) in pairs {
+        query.append_pair(name, value);
+    }
+    query.finish()
+}
+
+pub(super) fn is_absent(body: &[u8]) -> bool {
+    serde_json::from_slice::<Value>(body)
+        .is_ok_and(|doc| doc.get("state").and_then(Value::as_str) == Some(wire::ABSENT))
+}
+
+#[derive(Clone)]
+pub(super) struct AdminUrl {
+    pub(super) scheme: Scheme,
+    pub(super) authority: Authority,
+    /// Without the trailing slash: `""`, or a prefix when a proxy serves the listener under one.
+    pub(super) base_path: String,
+}
+
+impl std::fmt::Display for AdminUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}://{}{}", self.scheme, self.authority, self.base_path)
+    }
+}
+
+pub(super) fn parse_admin_url(s: &str) -> Result<AdminUrl, String> {
+    let uri: Uri = s.parse().map_err(|e| format!("not a URL: {e}"))?;
+    let scheme = match uri.scheme_str() {
+        Some("http") => Scheme::HTTP,
+        Some("https") => Scheme::HTTPS,
+        _ => return Err("expected an http:// or https:// URL, e.g. http://127.0.0.1:9090".into()),
+    };
+    let authority = uri.authority().cloned().ok_or("the URL has no host")?;
+    if authority.as_str().contains('@') {
+        return Err(format!("no credentials in the URL: the token comes from {TOKEN_VAR}"));
+    }
+    if uri.query().is_some() {
+        return Err("expected a base URL, without a query".into());
+    }
+    Ok(AdminUrl { scheme, authority, base_path: uri.path().trim_end_matches('/').to_owned() })
+}
+
+pub(super) struct AdminClient {
+    pub(super) url: AdminUrl,
+    pub(super) token: HeaderValue,
+    pub(super) client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+}
+
+/// The client's TLS: the system's roots (or `SSL_CERT_FILE`) for an https:// URL, none else.
+fn tls_config(https: bool) -> Result<rustls::ClientConfig, Failure> {
+    outbound::tls_config(if https { Roots::System } else { Roots::None }).map_err(|e| match e {
+        TlsSetupError::NoSystemRoots => {
+            Failure::Usage("no CA certificates found for https; set SSL_CERT_FILE to a bundle".into())
+        }
+        TlsSetupError::CaFile(detail) | TlsSetupError::Protocol(detail) => {
+            Failure::Failed(format!("TLS setup: {detail}"))
+        }
+    })
+}
+
+/// The admin listener's answer, before its status is judged.
+pub(super) struct Answer {
+    pub(super) status: StatusCode,
+    pub(super) body: Bytes,
+}
+
+impl AdminClient {
+    pub(super) fn new(url: &AdminUrl, token: HeaderValue) -> Result<Self, Failure> {
+        let mut http = HttpConnector::new();
+        // The connector is handed https:// URIs too; the TLS layer above it takes those.
+        http.enforce_http(false);
+        http.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        let connector = HttpsConnectorBuilder::new()
+            .with_tls_config(tls_config(url.scheme == Scheme::HTTPS)?)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
+        let client = Client::builder(TokioExecutor::new()).build(connector);
+        Ok(Self { url: url.clone(), token, client })
+    }
+
+    pub(super) async fn call(
+        &self,
+        method: Method,
+        query: &str,
+        scope: &CallerScope,
+        json_body: Option<Vec<u8>>,
+    ) -> Result<Answer, Failure> {
+        let uri = Uri::builder()
+            .scheme(self.url.scheme.clone())
+            .authority(self.url.authority.clone())
+            .path_and_query(format!("{}/keys?{query}", self.url.base_path))
+            .build()
+            .map_err(|e| Failure::Usage(format!("cannot build the request URL: {e}")))?;
+        let mut request = Request::builder()
+            .method(method.clone())
+            .uri(uri)
+            .header(header::AUTHORIZATION, self.token.clone())
+            .header(header::ACCEPT, "application/json, application/problem+json");
+        for (name, value) in &scope.headers {
+            request = request.header(name, value);
+        }
+        if json_body.is_some() {
+            request = request.header(header::CONTENT_TYPE, "application/json");
+        }
+        let request = request
+            .body(Full::new(Bytes::from(json_body.unwrap_or_default())))
+            .map_err(|e| Failure::Usage(format!("cannot build the request: {e}")))?;
+        let exchange = async {
+            let response = self.client.request(request).await.map_err(|e| {
+                Failure::Failed(format!("cannot reach the admin listener at {}: {}", self.url, error_chain(&e)))
+            })?;
+            let status = response.status();
+            let body = Limited::new(response.into_body(), MAX_ANSWER_BYTES).collect().await.map_err(|e| {
+                Failure::Failed(format!("reading the admin listener's answer ({status}): {}", error_chain(e.as_ref())))
+            })?;
+            Ok(Answer { status, body: body.to_bytes() })
+        };
+        tokio::time::timeout(REQUEST_TIMEOUT, exchange).await.map_err(|_| {
+            Failure::Failed(format!(
+                "the admin listener at {} did not answer {method} /keys within {}s",
+                self.url,
+                REQUEST_TIMEOUT.as_secs()
+            ))
+        })?
+    }
+}
+
+impl Answer {
+    /// The JSON document of a 2xx answer; any other answer is the failure its problem
+    /// document describes.
+    pub(super) fn document(self) -> Result<Value, Failure> {
+        let doc = serde_json::from_slice::<Value>(&self.body);
+        if !self.status.is_success() {
+            return Err(Failure::Failed(problem_line(self.status, doc.ok().as_ref(), &self.body)));
+        }
+        doc.map_err(|_| {
+            Failure::Failed(format!(
+                "the admin listener answered {} with something other than JSON: {}",
+                self.status,
+                snippet(&self.body)
+            ))
+        })
+    }
+}
+
+/// `<status> <title>: <detail>` from a problem+json document, or what can be said without one.
+pub(super) fn problem_line(status: StatusCode, doc: Option<&Value>, body: &[u8]) -> String {
+    let field = |name| doc.and_then(|d| d.get(name)).and_then(Value::as_str).map(printable);
+    let title = field("title").unwrap_or_else(|| status.canonical_reason().unwrap_or("error").to_owned());
+    let detail = match (field("detail"), doc) {
+        (Some(detail), _) => detail,
+        // Not a problem document: show what came, it is all there is to go on.
+        (None, None) if !body.is_empty() => snippet(body),
+        (None, _) => String::new(),
+    };
+    if detail.is_empty() {
+        format!("{} {title}", status.as_u16())
+    } else {
+        format!("{} {title}: {detail}", status.as_u16())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn admin_urls() {
+        let url = parse_admin_url("https://admin.example:9443/gw/").unwrap();
+        assert_eq!(url.to_string(), "https://admin.example:9443/gw");
+        assert!(parse_admin_url("127.0.0.1:9090").is_err());
+        assert!(parse_admin_url("http://user:pw@host").is_err());
+    }
+}
