@@ -1,6 +1,8 @@
 //! The admin listener's client: one `/keys` call over http or https within a deadline, and
 //! its answer, judged by status (a problem document becomes the failure it describes).
 
+use std::time::Duration;
+
 use bytes::Bytes;
 use http::uri::{Authority, Scheme};
 use http::{HeaderValue, Method, Request, StatusCode, Uri, header};
@@ -13,14 +15,19 @@ use idemgate::operator::wire;
 use idemgate::outbound::{self, Roots, TlsSetupError, error_chain};
 use serde_json::Value;
 
-use super::args::TargetArgs;
-use super::input::CallerScope;
+use super::failure::Failure;
+use super::input::{CallerScope, TOKEN_VAR};
 use super::render::{printable, snippet};
-use super::{CONNECT_TIMEOUT, Failure, MAX_ANSWER_BYTES, REQUEST_TIMEOUT, TOKEN_VAR};
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// One exchange with the admin listener, answer body included.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// A page of 1000 records is a few hundred KiB; far more means the URL names something else.
+const MAX_ANSWER_BYTES: usize = 32 << 20;
 
 /// `route=R&key=K[&scope_hash=H]`, percent-encoded: keys may hold any printable character.
-pub(super) fn target_query(args: &TargetArgs, scope: &CallerScope) -> String {
-    let mut pairs = vec![("route", args.route.as_str()), ("key", args.key.as_str())];
+pub(super) fn target_query(route: &str, key: &str, scope: &CallerScope) -> String {
+    let mut pairs = vec![("route", route), ("key", key)];
     if let Some(hash) = &scope.hash {
         pairs.push(("scope_hash", hash));
     }

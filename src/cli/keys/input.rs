@@ -3,12 +3,17 @@
 //! echoed), and the answer of a resolve.
 
 use std::io::{IsTerminal, Read};
+use std::path::Path;
 
 use http::{HeaderName, HeaderValue};
 use serde::{Serialize, Serializer};
 
-use super::args::{ResolveArgs, ScopeArgs};
-use super::{Failure, SCOPE_VAR_PREFIX, TOKEN_VAR};
+use super::failure::Failure;
+
+/// The variable holding the admin token.
+pub(super) const TOKEN_VAR: &str = "IDEMGATE_ADMIN_TOKEN";
+/// The prefix of the variables holding the caller's scope headers.
+const SCOPE_VAR_PREFIX: &str = "IDEMGATE_SCOPE_";
 
 pub(super) fn admin_token() -> Result<HeaderValue, Failure> {
     let missing = || {
@@ -42,16 +47,18 @@ impl CallerScope {
     }
 }
 
-pub(super) fn caller_scope(args: &ScopeArgs) -> Result<CallerScope, Failure> {
+/// The caller whose key it is: the scope's digest when given, else the scope headers from
+/// the environment and (`from_stdin`) standard input.
+pub(super) fn caller_scope(from_stdin: bool, scope_hash: Option<&str>) -> Result<CallerScope, Failure> {
     let mut headers = scope_from_env()?;
-    if let Some(hash) = &args.scope_hash {
+    if let Some(hash) = scope_hash {
         // The admin listener prefers scope_hash anyway: credentials it would not use stay home.
         if !headers.is_empty() {
             eprintln!("idemgate keys: --scope-hash given: the {SCOPE_VAR_PREFIX}* variables are not sent");
         }
-        return Ok(CallerScope { headers: Vec::new(), hash: Some(hash.clone()) });
+        return Ok(CallerScope { headers: Vec::new(), hash: Some(hash.to_owned()) });
     }
-    if args.scope_stdin {
+    if from_stdin {
         if std::io::stdin().is_terminal() {
             eprintln!(
                 "idemgate keys: reading scope headers ('Name: value' lines) from standard input; end with Ctrl-D"
@@ -150,12 +157,12 @@ pub(super) fn answer_headers(headers: &[(String, String)]) -> Vec<(String, Vec<S
 }
 
 /// The answer's body as text: the resolution document carries it as a JSON string.
-pub(super) fn resolve_body(args: &ResolveArgs) -> Result<String, Failure> {
-    let Some(path) = &args.body_file else {
-        return Ok(args.body.clone().unwrap_or_default());
+pub(super) fn resolve_body(body: Option<&str>, body_file: Option<&Path>, scope_stdin: bool) -> Result<String, Failure> {
+    let Some(path) = body_file else {
+        return Ok(body.unwrap_or_default().to_owned());
     };
     let from_stdin = path.as_os_str() == "-";
-    if from_stdin && args.target.scope.scope_stdin {
+    if from_stdin && scope_stdin {
         return Err(Failure::Usage(
             "--body-file - and --scope-stdin both read standard input; put the body in a file or use --body".into(),
         ));

@@ -13,11 +13,11 @@
 
 mod args;
 mod client;
+mod failure;
 mod input;
 mod render;
 
 use std::process::ExitCode;
-use std::time::Duration;
 
 use http::{Method, StatusCode};
 use idemgate::operator::wire;
@@ -26,27 +26,12 @@ use serde_json::Value;
 pub use self::args::KeysArgs;
 use self::args::{Action, ListArgs, ReleaseArgs, ResolveArgs, TargetArgs};
 use self::client::{AdminClient, encode_query, is_absent, target_query};
+use self::failure::Failure;
 use self::input::{CallerScope, HeaderList, Resolution, admin_token, answer_headers, caller_scope, resolve_body};
 use self::render::{emit, printable, record_details, records_table, shell_quote};
 
-const TOKEN_VAR: &str = "IDEMGATE_ADMIN_TOKEN";
-const SCOPE_VAR_PREFIX: &str = "IDEMGATE_SCOPE_";
 /// The admin API's largest page (`limit`).
 const PAGE_MAX: usize = 1000;
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
-/// One exchange with the admin listener, answer body included.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
-/// A page of 1000 records is a few hundred KiB; far more means the URL names something else.
-const MAX_ANSWER_BYTES: usize = 32 << 20;
-
-/// Why a command failed, which decides its exit status.
-#[derive(Debug)]
-enum Failure {
-    /// What the operator gave cannot be used (flags, environment, input): exit 2.
-    Usage(String),
-    /// The admin listener refused, answered nonsense, or could not be reached: exit 1.
-    Failed(String),
-}
 
 /// Runs `idemgate keys ...` and prints its outcome.
 pub fn run(args: KeysArgs) -> ExitCode {
@@ -77,18 +62,18 @@ fn execute(action: Action) -> Result<(), Failure> {
             runtime.block_on(list(&client, &args))
         }
         Action::Show(args) => {
-            let scope = caller_scope(&args.scope)?;
+            let scope = caller_scope(args.scope.scope_stdin, args.scope.scope_hash.as_deref())?;
             let client = AdminClient::new(&args.admin.admin, token)?;
             runtime.block_on(show(&client, &args, &scope))
         }
         Action::Resolve(args) => {
-            let body = resolve_body(&args)?;
-            let scope = caller_scope(&args.target.scope)?;
+            let body = resolve_body(args.body.as_deref(), args.body_file.as_deref(), args.target.scope.scope_stdin)?;
+            let scope = caller_scope(args.target.scope.scope_stdin, args.target.scope.scope_hash.as_deref())?;
             let client = AdminClient::new(&args.target.admin.admin, token)?;
             runtime.block_on(resolve(&client, &args, &scope, &body))
         }
         Action::Release(args) => {
-            let scope = caller_scope(&args.target.scope)?;
+            let scope = caller_scope(args.target.scope.scope_stdin, args.target.scope.scope_hash.as_deref())?;
             let client = AdminClient::new(&args.target.admin.admin, token)?;
             runtime.block_on(release(&client, &args, &scope))
         }
@@ -179,7 +164,7 @@ async fn fetch_records(client: &AdminClient, args: &ListArgs) -> Result<Listing,
 }
 
 async fn show(client: &AdminClient, args: &TargetArgs, scope: &CallerScope) -> Result<(), Failure> {
-    let answer = client.call(Method::GET, &target_query(args, scope), scope, None).await?;
+    let answer = client.call(Method::GET, &target_query(&args.route, &args.key, scope), scope, None).await?;
     // 404 with {"state": "absent"} is an answer, not an error: there is no record of the key.
     let doc = if answer.status == StatusCode::NOT_FOUND && is_absent(&answer.body) {
         serde_json::json!({ "state": wire::ABSENT })
@@ -189,7 +174,7 @@ async fn show(client: &AdminClient, args: &TargetArgs, scope: &CallerScope) -> R
     if args.admin.json {
         return emit(&format!("{doc}\n"));
     }
-    emit(&record_details(args, &doc))
+    emit(&record_details(&args.route, &args.key, &doc))
 }
 
 async fn resolve(client: &AdminClient, args: &ResolveArgs, scope: &CallerScope, body: &str) -> Result<(), Failure> {
@@ -203,7 +188,10 @@ async fn resolve(client: &AdminClient, args: &ResolveArgs, scope: &CallerScope, 
     if let Err(e) = idemgate::operator::parse_answer(&payload, &Default::default()) {
         return Err(Failure::Usage(format!("{e}; nothing was sent")));
     }
-    let doc = client.call(Method::PUT, &target_query(target, scope), scope, Some(payload)).await?.document()?;
+    let doc = client
+        .call(Method::PUT, &target_query(&target.route, &target.key, scope), scope, Some(payload))
+        .await?
+        .document()?;
     if target.admin.json {
         emit(&format!("{doc}\n"))?;
     }
@@ -217,7 +205,7 @@ async fn resolve(client: &AdminClient, args: &ResolveArgs, scope: &CallerScope, 
 }
 
 async fn release(client: &AdminClient, args: &ReleaseArgs, scope: &CallerScope) -> Result<(), Failure> {
-    let mut query = target_query(&args.target, scope);
+    let mut query = target_query(&args.target.route, &args.target.key, scope);
     if args.force {
         query.push_str("&force=true");
     }

@@ -5,8 +5,7 @@ use std::io::Write;
 
 use serde_json::Value;
 
-use super::Failure;
-use super::args::TargetArgs;
+use super::failure::Failure;
 
 /// Writes to stdout; a reader that went away (`| head`) is not an error.
 pub(super) fn emit(text: &str) -> Result<(), Failure> {
@@ -40,8 +39,8 @@ pub(super) fn records_table(records: &[Value]) -> String {
 }
 
 /// One key's record as `field value` lines, the durations made readable.
-pub(super) fn record_details(args: &TargetArgs, doc: &Value) -> String {
-    let mut rows = vec![vec!["route".to_owned(), printable(&args.route)], vec!["key".to_owned(), printable(&args.key)]];
+pub(super) fn record_details(route: &str, key: &str, doc: &Value) -> String {
+    let mut rows = vec![vec!["route".to_owned(), printable(route)], vec!["key".to_owned(), printable(key)]];
     let Some(fields) = doc.as_object() else {
         rows.push(vec!["record".to_owned(), json_text(doc)]);
         return table(&[], &rows);
