@@ -35,20 +35,25 @@ impl GatewayProc {
 
     /// Starts the binary with `toml`, extra arguments and extra environment variables.
     pub fn start_full(toml: &str, args: &[&str], env: &[(&str, &str)]) -> Self {
-        Self::start_in(toml, args, env, None)
+        Self::start_in(&binary(), toml, args, env, None)
     }
 
     /// Starts the binary with `toml`, allowed `nofile` file descriptors at most (its soft and
     /// hard `RLIMIT_NOFILE`, as `prlimit --nofile=N` sets them).
     pub fn start_limited(toml: &str, nofile: u64) -> Self {
-        Self::start_in(toml, &[], &[], Some(nofile))
+        Self::start_in(&binary(), toml, &[], &[], Some(nofile))
     }
 
-    fn start_in(toml: &str, args: &[&str], env: &[(&str, &str)], nofile: Option<u64>) -> Self {
+    /// Starts `bin` (another build of the gateway, such as the previous release) with `toml`.
+    pub fn start_binary(bin: &std::path::Path, toml: &str) -> Self {
+        Self::start_in(bin, toml, &[], &[], None)
+    }
+
+    fn start_in(bin: &std::path::Path, toml: &str, args: &[&str], env: &[(&str, &str)], nofile: Option<u64>) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("gateway.toml");
         std::fs::write(&path, toml).unwrap();
-        let mut cmd = Command::new(binary());
+        let mut cmd = Command::new(bin);
         cmd.arg("--config").arg(&path).args(args).env("RUST_LOG", "info");
         cmd.envs(env.iter().copied());
         if let Some(n) = nofile {

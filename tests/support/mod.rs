@@ -8,6 +8,7 @@ pub mod cluster;
 pub mod gateway;
 pub mod gateway_proc;
 pub mod pki;
+pub mod previous;
 pub mod process;
 pub mod proxy;
 pub mod raw_upstream;
