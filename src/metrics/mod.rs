@@ -4,6 +4,7 @@
 //! path is an atomic increment, not a label lookup with allocations.
 
 mod labels;
+mod route;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,7 +18,9 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-pub use self::labels::{Label, Outcome, Reconciliation, ReleaseReason, UPSTREAM_CLASSES, status_class};
+pub use self::labels::{Outcome, Reconciliation, ReleaseReason, UPSTREAM_CLASSES, status_class};
+use self::route::PerLabel;
+pub use self::route::RouteMetrics;
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct RouteOutcome {
@@ -370,112 +373,9 @@ impl Metrics {
     }
 }
 
-/// One metric per value of a label, found by [`Label::index`].
-#[derive(Clone)]
-struct PerLabel<L: Label, M = Counter> {
-    metrics: Vec<M>,
-    _label: std::marker::PhantomData<L>,
-}
-
-impl<L: Label, M: Clone> PerLabel<L, M> {
-    fn new(mut metric: impl FnMut(L) -> M) -> Self {
-        let mut metrics: Vec<Option<M>> = vec![None; L::ALL.len()];
-        for &label in L::ALL {
-            metrics[label.index()] = Some(metric(label));
-        }
-        // Every index is filled: `index` maps ALL onto 0..len (checked by a test).
-        Self { metrics: metrics.into_iter().flatten().collect(), _label: std::marker::PhantomData }
-    }
-
-    fn get(&self, label: L) -> &M {
-        &self.metrics[label.index()]
-    }
-}
-
-/// Pre-resolved counters of one route.
-#[derive(Clone)]
-pub struct RouteMetrics {
-    outcomes: PerLabel<Outcome>,
-    released: PerLabel<ReleaseReason>,
-    lease_lost: Counter,
-    store_errors: Counter,
-    store_write_failed: Counter,
-    outcome_unknown: Counter,
-    not_stored: Counter,
-    reconciliations: PerLabel<Reconciliation>,
-    request_seconds: PerLabel<Outcome, Histogram>,
-    /// One histogram per status class, resolved once: no label lookup per request.
-    upstream_seconds: Vec<(&'static str, Histogram)>,
-    /// The answers of classes 2xx to 5xx again, for their p90.
-    upstream_quantiles: Arc<LatencyQuantiles>,
-}
-
-impl RouteMetrics {
-    /// Records how long a request took.
-    pub fn request_duration(&self, outcome: Outcome, took: std::time::Duration) {
-        self.request_seconds.get(outcome).observe(took.as_secs_f64());
-    }
-
-    /// Records how long an upstream exchange took, by the status class of its answer
-    /// (`"2xx"` … `"5xx"`, or `"error"`).
-    pub fn upstream_latency(&self, class: &'static str, took: std::time::Duration) {
-        if let Some((_, histogram)) = self.upstream_seconds.iter().find(|(c, _)| *c == class) {
-            histogram.observe(took.as_secs_f64());
-        }
-        if matches!(class, "2xx" | "3xx" | "4xx" | "5xx") {
-            self.upstream_quantiles.observe(took);
-        }
-    }
-
-    /// The 90th percentile of the route's upstream answer times (classes 2xx to 5xx), once
-    /// at least [`QUANTILE_MIN_SAMPLES`] were seen.
-    pub fn upstream_p90(&self) -> Option<Duration> {
-        self.upstream_quantiles.quantile(0.9, QUANTILE_MIN_SAMPLES)
-    }
-
-    /// Counts a finished request.
-    pub fn outcome(&self, outcome: Outcome) {
-        self.outcomes.get(outcome).inc();
-    }
-
-    /// Counts a released claim.
-    pub fn released(&self, reason: ReleaseReason) {
-        self.released.get(reason).inc();
-    }
-
-    /// Counts a key held as unknown.
-    pub fn outcome_unknown(&self) {
-        self.outcome_unknown.inc();
-    }
-
-    /// Counts a lookup of an unknown outcome.
-    pub fn reconciled(&self, result: Reconciliation) {
-        self.reconciliations.get(result).inc();
-    }
-
-    /// Counts a response delivered but not stored.
-    pub fn not_stored(&self) {
-        self.not_stored.inc();
-    }
-
-    /// Counts a lease found lost.
-    pub fn lease_lost(&self) {
-        self.lease_lost.inc();
-    }
-
-    /// Counts a failed store call.
-    pub fn store_error(&self) {
-        self.store_errors.inc();
-    }
-
-    /// Counts an answer that could not be stored.
-    pub fn store_write_failed(&self) {
-        self.store_write_failed.inc();
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use super::labels::Label;
     use super::*;
 
     fn indices_are_positions<L: Label + PartialEq + std::fmt::Debug>() {

@@ -1,0 +1,256 @@
+//! `/keys`: the operator API over HTTP. The rules are `operator::Keys`'s; here, the query
+//! read, the caller's record named, the answer of a `PUT` read within its deadline, and each
+//! outcome mapped to its status and document.
+
+use std::net::IpAddr;
+
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, header};
+use hyper::body::Incoming;
+use serde_json::json;
+
+use super::respond::{json_response, problem};
+use crate::body::{Body, BodyError};
+use crate::gateway::Gateway;
+use crate::operator::{Keys, Refusal, wire};
+use crate::policy::scope::{MissingScope, Scope};
+use crate::runtime::IdempotentRoute;
+use crate::store::{Cursor, RecordKey, State, StoreError, StoredResponse};
+
+/// The longest page of `GET /keys?state=...`.
+pub(super) const MAX_LIMIT: usize = 1000;
+/// Largest body of `PUT /keys`.
+pub(super) const MAX_RESOLVE_BODY: usize = 16 * 1024 * 1024;
+
+/// The query of a `/keys` call.
+#[derive(Default)]
+pub(super) struct KeysQuery {
+    route: Option<String>,
+    key: Option<String>,
+    scope: Option<String>,
+    scope_hash: Option<String>,
+    state: Option<String>,
+    cursor: Option<String>,
+    limit: Option<String>,
+    force: Option<String>,
+}
+
+impl KeysQuery {
+    fn parse(query: &str) -> Self {
+        let mut q = Self::default();
+        for (k, v) in form_urlencoded::parse(query.as_bytes()) {
+            let slot = match &*k {
+                "route" => &mut q.route,
+                "key" => &mut q.key,
+                "scope" => &mut q.scope,
+                "scope_hash" => &mut q.scope_hash,
+                "state" => &mut q.state,
+                "cursor" => &mut q.cursor,
+                "limit" => &mut q.limit,
+                "force" => &mut q.force,
+                _ => continue,
+            };
+            *slot = Some(v.into_owned());
+        }
+        q
+    }
+}
+
+pub(super) async fn keys(gw: &Gateway, peer: IpAddr, request: Request<Incoming>) -> Response<Body> {
+    let (parts, body) = request.into_parts();
+    let query = KeysQuery::parse(parts.uri.query().unwrap_or(""));
+    let bad = |detail: &str| problem(gw, StatusCode::BAD_REQUEST, "admin-bad-request", "Bad request", detail);
+    let Some(route_name) = &query.route else {
+        return bad("Give route as a query parameter, and key (one record) or state (a list).");
+    };
+    let Some(route) = gw.idempotent_route(route_name) else {
+        return bad("No idempotent route has that name.");
+    };
+    let keys = Keys::new(gw.runtime(), route, peer);
+    let reading = parts.method == Method::GET || parts.method == Method::HEAD;
+    if reading && query.key.is_none() && query.state.is_some() {
+        return list(gw, &keys, &query).await;
+    }
+    let record = match record_of(route, &query, &parts.headers, gw) {
+        Ok(record) => record,
+        Err(detail) => return bad(&detail),
+    };
+    match parts.method {
+        Method::DELETE => {
+            let force = match query.force.as_deref() {
+                None | Some("false") => false,
+                Some("true") => true,
+                Some(_) => return bad("force must be true or false."),
+            };
+            match keys.release(&record, force).await {
+                Ok(released) => json_response(StatusCode::OK, &released),
+                Err(refusal) => refused(gw, refusal),
+            }
+        }
+        Method::PUT => {
+            let answer = match read_answer(gw, route, &parts.headers, body).await {
+                Ok(answer) => answer,
+                Err(refused) => {
+                    keys.refused_answer(&record);
+                    return refused;
+                }
+            };
+            match keys.resolve(&record, &answer).await {
+                Ok(resolved) => json_response(StatusCode::OK, &resolved),
+                Err(refusal) => refused(gw, refusal),
+            }
+        }
+        _ => match keys.inspect(&record).await {
+            Ok(None) => json_response(StatusCode::NOT_FOUND, &json!({ "state": wire::ABSENT })),
+            Ok(Some(found)) => json_response(StatusCode::OK, &found),
+            Err(e) => store_failed(gw, e),
+        },
+    }
+}
+
+/// The answer to an operator's change that was not made.
+pub(super) fn refused(gw: &Gateway, refusal: Refusal) -> Response<Body> {
+    let (detail, title, state) = match refusal {
+        Refusal::Running { lease_left } => (
+            format!(
+                "A request holds this key and may be running upstream now (its lease ends within {}s): \
+                 released, a retry would run it a second time beside it. Nothing changed. Wait for it to \
+                 settle, or release it with force=true only if you know it is not running.",
+                lease_left.as_secs_f64().ceil()
+            ),
+            "Not releasable",
+            State::InProgress.name(),
+        ),
+        Refusal::NotHeld { state } => {
+            let state = state.map_or(wire::ABSENT, State::name);
+            let detail =
+                format!("The record is {state}: only an unknown or executed record can be resolved. Nothing changed.");
+            (detail, "Not resolvable", state)
+        }
+        Refusal::Store(e) => return store_failed(gw, e),
+    };
+    let mut r = problem(gw, StatusCode::CONFLICT, "admin-conflict", title, &detail);
+    r.headers_mut().insert("x-record-state", HeaderValue::from_static(state));
+    r
+}
+
+/// The record a `/keys` call names: the route, the key, and the caller (see the module docs).
+pub(super) fn record_of(
+    route: &IdempotentRoute,
+    query: &KeysQuery,
+    headers: &HeaderMap,
+    gw: &Gateway,
+) -> Result<RecordKey, String> {
+    let policy = &route.policy;
+    let Some(key_value) = &query.key else { return Err("Give key as a query parameter.".into()) };
+    let Ok(key_header) = HeaderValue::from_str(key_value) else {
+        return Err("The key holds characters a header cannot carry.".into());
+    };
+    let key = match policy.key(&HeaderMap::from_iter([(policy.header.clone(), key_header)])) {
+        Ok(Some(k)) => k,
+        Ok(None) => return Err("Give a key.".into()),
+        Err(e) => return Err(e.to_string()),
+    };
+    if query.scope.is_some() {
+        return Err("The scope does not go in the URL, where proxies and shells log it: send the caller's \
+            scope headers as Scope-NAME headers (Scope-Authorization: Bearer ...), or give scope_hash."
+            .into());
+    }
+    let scope = match &query.scope_hash {
+        Some(hash) => Scope::from_hex(hash).ok_or("scope_hash must be 64 hex digits.")?,
+        None => {
+            // The caller's scope sources, each sent as `Scope-NAME` (`Scope-Authorization`,
+            // `Scope-Cookie`). Without them: the scope of a global route or the anonymous one.
+            let mut caller = HeaderMap::new();
+            for source in policy.scope.sources() {
+                let name = source.header();
+                let Ok(admin_name) = HeaderName::from_bytes(format!("scope-{name}").as_bytes()) else { continue };
+                for value in headers.get_all(&admin_name) {
+                    caller.append(name.clone(), value.clone());
+                }
+            }
+            policy.scope(&caller, MissingScope::Anonymous).map_err(|e| e.to_string())?
+        }
+    };
+    Ok(gw.runtime().record_key(&route.name, &scope, &key))
+}
+
+/// `GET /keys?route=R&state=unknown|executed[&cursor=C][&limit=N]`: one page of the route's
+/// records in that state, oldest first. Each entry of the index is checked against its record
+/// (the index is best-effort): one that moved on is dropped from the index and not listed.
+pub(super) async fn list(gw: &Gateway, keys: &Keys<'_>, query: &KeysQuery) -> Response<Body> {
+    let bad = |detail: &str| problem(gw, StatusCode::BAD_REQUEST, "admin-bad-request", "Bad request", detail);
+    let Some(held) = query.state.as_deref().and_then(State::parse).filter(|state| state.is_held()) else {
+        return bad("state must be unknown or executed: the states that need an operator.");
+    };
+    let limit = match query.limit.as_deref().map(str::parse::<usize>) {
+        None => 100,
+        Some(Ok(n)) if (1..=MAX_LIMIT).contains(&n) => n,
+        Some(_) => return bad(&format!("limit must be between 1 and {MAX_LIMIT}.")),
+    };
+    let cursor = match query.cursor.as_deref().filter(|c| !c.is_empty()) {
+        None => None,
+        Some(text) => match Cursor::decode(text) {
+            Some(cursor) => Some(cursor),
+            None => return bad("cursor is not one this endpoint handed out."),
+        },
+    };
+    match keys.list(held, cursor, limit).await {
+        Ok(page) => json_response(StatusCode::OK, &page),
+        Err(e) => store_failed(gw, e),
+    }
+}
+
+/// The operator's answer in a `PUT /keys` body (see [`crate::operator`]), read whole within
+/// the body timeout; the refusal when it is not one.
+pub(super) async fn read_answer(
+    gw: &Gateway,
+    route: &IdempotentRoute,
+    headers: &HeaderMap,
+    body: Incoming,
+) -> Result<StoredResponse, Response<Body>> {
+    let limit = route.settings.body_read_timeout;
+    let bytes = match crate::body::read_bounded(headers, body, MAX_RESOLVE_BODY, limit).await {
+        Ok(bytes) => bytes,
+        // The rest may still arrive: the connection cannot carry another request.
+        Err(BodyError::Timeout { limit }) => {
+            let detail = format!("The body did not arrive within {}s; nothing changed.", limit.as_secs_f64());
+            let mut r = problem(gw, StatusCode::REQUEST_TIMEOUT, "admin-body-timeout", "Body too slow", &detail);
+            r.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+            return Err(r);
+        }
+        Err(e) => return Err(bad_request(gw, &format!("Cannot read the body: {e}."))),
+    };
+    crate::operator::parse_answer(&bytes, &route.policy.stored_headers)
+        .map_err(|e| bad_request(gw, &format!("{}. Nothing changed.", capitalise(&e.to_string()))))
+}
+
+pub(super) fn bad_request(gw: &Gateway, detail: &str) -> Response<Body> {
+    problem(gw, StatusCode::BAD_REQUEST, "admin-bad-request", "Bad request", detail)
+}
+
+pub(super) fn capitalise(text: &str) -> String {
+    let mut chars = text.chars();
+    chars.next().map_or_else(String::new, |c| c.to_uppercase().chain(chars).collect())
+}
+
+pub(super) fn store_failed(gw: &Gateway, e: StoreError) -> Response<Body> {
+    if let StoreError::Rejected(why) = &e {
+        // The store answers: it is the command, not the store (logged by the store's health).
+        let detail = format!("The store refused the command: {why}. Nothing changed.");
+        return problem(
+            gw,
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "admin-store-refused",
+            "Store refused the command",
+            &detail,
+        );
+    }
+    tracing::debug!(error = %e, "admin: store unavailable");
+    problem(
+        gw,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "store-unavailable",
+        "Idempotency store unavailable",
+        "The store did not answer.",
+    )
+}
