@@ -23,7 +23,7 @@ use crate::metrics::Outcome;
 
 /// What the idempotent path learned about a request, for its access line.
 #[derive(Debug, Default)]
-pub struct Trace {
+pub struct Notes {
     /// A short prefix of the record's hash.
     pub record: Option<String>,
     /// The attempt that ran upstream, if one did.
@@ -39,12 +39,12 @@ pub struct Trace {
 }
 
 /// Writes the access line of one request (target `idemgate::access`, level info).
-pub fn log(route: &str, method: &Method, outcome: Outcome, status: StatusCode, total: Duration, trace: &Trace) {
+pub fn log(route: &str, method: &Method, outcome: Outcome, status: StatusCode, total: Duration, notes: &Notes) {
     if !tracing::enabled!(target: "idemgate::access", tracing::Level::INFO) {
         return;
     }
     let Some(format) = crate::log_writer::access_format() else {
-        return event(route, method, outcome, status, total, trace);
+        return event(route, method, outcome, status, total, notes);
     };
     thread_local! {
         static LINE: RefCell<Vec<u8>> = RefCell::new(Vec::with_capacity(512));
@@ -53,13 +53,13 @@ pub fn log(route: &str, method: &Method, outcome: Outcome, status: StatusCode, t
         // Not re-entered: nothing below logs.
         let Ok(mut line) = line.try_borrow_mut() else { return };
         line.clear();
-        format_line(&mut line, format, SystemTime::now(), route, method, outcome, status, total, trace);
+        format_line(&mut line, format, SystemTime::now(), route, method, outcome, status, total, notes);
         crate::log_writer::write_access_line(&line);
     });
 }
 
 /// The access line as a `tracing` event, for the log subscriber to format.
-fn event(route: &str, method: &Method, outcome: Outcome, status: StatusCode, total: Duration, trace: &Trace) {
+fn event(route: &str, method: &Method, outcome: Outcome, status: StatusCode, total: Duration, notes: &Notes) {
     let ms = millis;
     tracing::info!(
         target: "idemgate::access",
@@ -67,12 +67,12 @@ fn event(route: &str, method: &Method, outcome: Outcome, status: StatusCode, tot
         method = %method,
         outcome = outcome.as_str(),
         status = status.as_u16(),
-        attempt = trace.attempt,
+        attempt = notes.attempt,
         total_ms = ms(total),
-        upstream_ms = trace.upstream.map(ms),
-        store_ms = ms(trace.store),
-        wait_ms = ms(trace.wait),
-        record = trace.record.as_deref(),
+        upstream_ms = notes.upstream.map(ms),
+        store_ms = ms(notes.store),
+        wait_ms = ms(notes.wait),
+        record = notes.record.as_deref(),
         "request"
     );
 }
@@ -89,19 +89,19 @@ fn format_line(
     outcome: Outcome,
     status: StatusCode,
     total: Duration,
-    trace: &Trace,
+    notes: &Notes,
 ) {
     // One sequence of fields, compiled once per format (the format is a constant in each).
     if format == AccessFormat::Json {
         out.extend_from_slice(b"{\"timestamp\":\"");
         timestamp(out, now);
         out.extend_from_slice(b"\",\"level\":\"INFO\",\"message\":\"request\"");
-        fields(&mut Fields::<true> { out }, route, method, outcome, status, trace, total);
+        fields(&mut Fields::<true> { out }, route, method, outcome, status, notes, total);
         out.extend_from_slice(b",\"target\":\"idemgate::access\"}\n");
     } else {
         timestamp(out, now);
         out.extend_from_slice(b"  INFO idemgate::access: request");
-        fields(&mut Fields::<false> { out }, route, method, outcome, status, trace, total);
+        fields(&mut Fields::<false> { out }, route, method, outcome, status, notes, total);
         out.push(b'\n');
     }
 }
@@ -112,7 +112,7 @@ fn fields<const JSON: bool>(
     method: &Method,
     outcome: Outcome,
     status: StatusCode,
-    trace: &Trace,
+    notes: &Notes,
     total: Duration,
 ) {
     let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
@@ -120,16 +120,16 @@ fn fields<const JSON: bool>(
     line.displayed("method", method.as_str());
     line.word("outcome", outcome.as_str());
     line.number("status", u64::from(status.as_u16()));
-    if let Some(attempt) = trace.attempt {
+    if let Some(attempt) = notes.attempt {
         line.number("attempt", u64::from(attempt));
     }
     line.millis("total_ms", micros(total));
-    if let Some(upstream) = trace.upstream {
+    if let Some(upstream) = notes.upstream {
         line.millis("upstream_ms", micros(upstream));
     }
-    line.millis("store_ms", micros(trace.store));
-    line.millis("wait_ms", micros(trace.wait));
-    if let Some(record) = &trace.record {
+    line.millis("store_ms", micros(notes.store));
+    line.millis("wait_ms", micros(notes.wait));
+    if let Some(record) = &notes.record {
         line.quoted("record", record);
     }
 }
@@ -362,7 +362,7 @@ mod tests {
 
     #[test]
     fn lines_formatted_here_read_exactly_as_the_subscriber_writes_them() {
-        let full = Trace {
+        let full = Notes {
             record: Some("4b2e730956a5".into()),
             attempt: Some(2),
             store: Duration::from_micros(369),
@@ -370,21 +370,21 @@ mod tests {
             upstream: Some(Duration::from_micros(96_655)),
             span: None,
         };
-        let bare = Trace::default();
-        let odd = Trace { record: Some("quote\" and \\ and \u{1}".into()), ..Trace::default() };
-        let cases: [(&str, Method, Outcome, u16, u64, &Trace); 4] = [
+        let bare = Notes::default();
+        let odd = Notes { record: Some("quote\" and \\ and \u{1}".into()), ..Notes::default() };
+        let cases: [(&str, Method, Outcome, u16, u64, &Notes); 4] = [
             ("orders", Method::POST, Outcome::Executed, 201, 710, &full),
             ("pass", Method::GET, Outcome::PassedThrough, 200, 0, &bare),
             ("ünïcode \"route\"\t", Method::from_bytes(b"PURGE").expect("method"), Outcome::Rejected, 400, 21, &odd),
             ("orders", Method::PUT, Outcome::Replayed, 200, 10_860, &full),
         ];
-        for (route, method, outcome, status, micros, trace) in cases {
+        for (route, method, outcome, status, micros, notes) in cases {
             let status = StatusCode::from_u16(status).expect("status");
             let total = Duration::from_micros(micros);
             for (json, format) in [(true, AccessFormat::Json), (false, AccessFormat::Text)] {
-                let theirs = through_tracing(json, || event(route, &method, outcome, status, total, trace));
+                let theirs = through_tracing(json, || event(route, &method, outcome, status, total, notes));
                 let mut ours = Vec::new();
-                format_line(&mut ours, format, SystemTime::now(), route, &method, outcome, status, total, trace);
+                format_line(&mut ours, format, SystemTime::now(), route, &method, outcome, status, total, notes);
                 let ours = String::from_utf8(ours).expect("utf-8");
                 assert_eq!(untimed(&ours), untimed(&theirs), "{format:?}");
                 assert!(ours.ends_with('\n'));

@@ -17,7 +17,7 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 use thiserror::Error;
 
-use crate::access::{self, Trace};
+use crate::access::{self, Notes};
 use crate::body::Body;
 use crate::check;
 use crate::config::{Config, RouteConfig};
@@ -189,16 +189,16 @@ impl Gateway {
                 GatewayError::NoRoute { method: request.method().clone(), path: request.uri().path().to_owned() };
             return error.problem().respond_as(self.problem_base(), &self.errors);
         };
-        let mut trace = Trace::default();
+        let mut notes = Notes::default();
         // W3C's bounds, for what is forwarded whether or not the gateway traces.
         telemetry::bound_tracestate(request.headers_mut());
         if let Some(telemetry) = &self.runtime.telemetry {
             let trusted = connection.peer.trusted();
-            trace.span = telemetry.begin(request.headers_mut(), trusted, &routed.route().name, &method);
+            notes.span = telemetry.begin(request.headers_mut(), trusted, &routed.route().name, &method);
         }
         let result = match routed {
             Routed::Plain(route) => {
-                let forwarded = proxy::pass_through(route, request, connection, &mut trace).await;
+                let forwarded = proxy::pass_through(route, request, connection, &mut notes).await;
                 forwarded.map(|response| (Outcome::PassedThrough, response)).map_err(GatewayError::from)
             }
             // Boxed: the idempotent path's state is several times the pass-through's, and an
@@ -206,7 +206,7 @@ impl Gateway {
             // (Boxing the pass-through too saves 1.3 KB per idle connection but costs every
             // pass-through request 1.4% more instructions: measured, and left inline.)
             Routed::Idempotent(route) => {
-                Box::pin(idempotent::handle(&self.runtime, route, request, connection, &mut trace)).await
+                Box::pin(idempotent::handle(&self.runtime, route, request, connection, &mut notes)).await
             }
         };
         let route = routed.route();
@@ -221,9 +221,9 @@ impl Gateway {
         route.metrics.outcome(outcome);
         let took = started.elapsed();
         route.metrics.request_duration(outcome, took);
-        access::log(&route.name, &method, outcome, response.status(), took, &trace);
-        if let Some(span) = &trace.span {
-            span.end(outcome.as_str(), response.status().as_u16(), trace.attempt, trace.record.as_deref());
+        access::log(&route.name, &method, outcome, response.status(), took, &notes);
+        if let Some(span) = &notes.span {
+            span.end(outcome.as_str(), response.status().as_u16(), notes.attempt, notes.record.as_deref());
         }
         response
     }

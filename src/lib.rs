@@ -20,6 +20,7 @@
 //!   answer an operator gives, checked so that no answer can break a replay's framing, and the
 //!   documents `/keys` answers with;
 //! - [`proxy`]: streaming pass-through for routes without idempotency;
+//! - [`upgrade`]: a protocol upgrade bridged byte for byte, within the idle limit;
 //! - [`runtime`]: the handle the request path runs on (store, exchanges, limits, metrics),
 //!   and the routes at run time;
 //! - [`check`]: what a request must be before the gateway acts on it;
@@ -74,6 +75,7 @@ mod router;
 mod runtime;
 mod server;
 mod telemetry;
+mod upgrade;
 mod upstream;
 
 pub use gateway::{Gateway, SetupError};

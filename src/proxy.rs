@@ -12,16 +12,16 @@
 use http::header::{CONNECTION, UPGRADE};
 use http::{HeaderValue, Request, Response, StatusCode};
 use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::access::Trace;
+use crate::access::Notes;
 use crate::body::{self, Body};
 use crate::connection::Connection;
 use crate::headers;
 use crate::metrics::status_class;
 use crate::runtime::Route;
+use crate::upgrade;
 use crate::upstream::{Upstream, UpstreamError};
 
 /// Streams a request on a plain route to its upstream and back, timing the exchange for the
@@ -30,12 +30,12 @@ pub async fn pass_through(
     route: &Route,
     request: Request<Incoming>,
     connection: &Arc<Connection>,
-    trace: &mut Trace,
+    notes: &mut Notes,
 ) -> Result<Response<Body>, UpstreamError> {
     let sent = Instant::now();
     let mut request = request;
     // Traced: the upstream gets the gateway's span as its parent.
-    let span = trace.span.as_ref().map(|s| s.upstream(request.headers_mut()));
+    let span = notes.span.as_ref().map(|s| s.upstream(request.headers_mut()));
     let forwarded = forward(&route.upstream, request.map(body::boxed), connection).await;
     if let Some(span) = span {
         match &forwarded {
@@ -48,7 +48,7 @@ pub async fn pass_through(
     }
     let class = forwarded.as_ref().map_or("error", |r| status_class(r.status()));
     let took = sent.elapsed();
-    trace.upstream = Some(took);
+    notes.upstream = Some(took);
     route.metrics.upstream_latency(class, took);
     forwarded
 }
@@ -79,7 +79,7 @@ pub async fn forward(
             let protocol = response.headers().get(UPGRADE).cloned();
             // The bridge holds the connection (and its place under max_connections) while
             // the switched protocol runs.
-            tokio::spawn(bridge(client_side, upstream_side, Arc::clone(connection)));
+            tokio::spawn(upgrade::bridge(client_side, upstream_side, Arc::clone(connection)));
             let mut switched = relay(response);
             if let Some(protocol) = protocol {
                 switched.headers_mut().insert(UPGRADE, protocol);
@@ -88,83 +88,6 @@ pub async fn forward(
             Ok(switched)
         }
         _ => Ok(relay(response)),
-    }
-}
-
-/// Joins the client's and the upstream's upgraded connections until either closes, or until
-/// no byte has moved either way for `idle_timeout`.
-///
-/// Hazard: without the idle deadline, a client that upgrades and then goes silent would hold
-/// its place under `max_connections` (and two sockets) for as long as the upstream tolerates
-/// it, and an attacker could fill the gateway with such connections.
-async fn bridge(client: hyper::upgrade::OnUpgrade, upstream: hyper::upgrade::OnUpgrade, connection: Arc<Connection>) {
-    let (client, upstream) = match tokio::try_join!(client, upstream) {
-        Ok(both) => both,
-        Err(e) => {
-            tracing::debug!(error = %e, "protocol upgrade did not complete");
-            return;
-        }
-    };
-    let (client_read, client_write) = tokio::io::split(TokioIo::new(client));
-    let (upstream_read, upstream_write) = tokio::io::split(TokioIo::new(upstream));
-    let activity = Activity::new();
-    let both_ways = async {
-        tokio::try_join!(pump(client_read, upstream_write, &activity), pump(upstream_read, client_write, &activity))
-    };
-    tokio::select! {
-        ended = both_ways => {
-            if let Err(e) = ended {
-                tracing::debug!(error = %e, "upgraded connection ended with an error");
-            }
-        }
-        () = activity.idle_for(connection.idle_timeout()) => {
-            // Dropping both halves of each side closes both sockets.
-            tracing::debug!("upgraded connection idle for too long; closed");
-        }
-    }
-}
-
-/// When a byte last moved through a bridge, in either direction.
-struct Activity(std::sync::Mutex<tokio::time::Instant>);
-
-impl Activity {
-    fn new() -> Self {
-        Self(std::sync::Mutex::new(tokio::time::Instant::now()))
-    }
-
-    fn touch(&self) {
-        *self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = tokio::time::Instant::now();
-    }
-
-    /// Completes once nothing has moved for `idle`.
-    async fn idle_for(&self, idle: std::time::Duration) {
-        loop {
-            let due = *self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner) + idle;
-            if tokio::time::Instant::now() >= due {
-                return;
-            }
-            tokio::time::sleep_until(due).await;
-        }
-    }
-}
-
-/// Copies `from` to `to` until `from` ends, then passes the end on (a half close), as
-/// `tokio::io::copy_bidirectional` does, noting each chunk in `activity`.
-async fn pump<R, W>(mut from: R, mut to: W, activity: &Activity) -> std::io::Result<()>
-where
-    R: tokio::io::AsyncRead + Unpin,
-    W: tokio::io::AsyncWrite + Unpin,
-{
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut chunk = vec![0u8; 16 * 1024];
-    loop {
-        let n = from.read(&mut chunk).await?;
-        if n == 0 {
-            return to.shutdown().await;
-        }
-        activity.touch();
-        to.write_all(&chunk[..n]).await?;
-        to.flush().await?;
     }
 }
 

@@ -261,7 +261,10 @@ async fn a_store_outage_is_said_once_not_once_per_request() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(back, "the gateway never got Redis back:\n{}", gw.log());
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Lines reach stderr through the log writer's thread, a moment after the answers: wait
+    // (5 s at most) until the 66 access lines since `before` are there.
+    let access_before = gw.log_lines()[..before].iter().filter(|l| l.contains("idemgate::access")).count();
+    let _ = gw.lines_with("idemgate::access", access_before + 66);
 
     let lines: Vec<serde_json::Value> =
         gw.log_lines()[before..].iter().filter_map(|l| serde_json::from_str(l).ok()).collect();

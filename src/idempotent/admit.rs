@@ -7,11 +7,10 @@ use std::sync::Arc;
 
 use tokio::sync::OwnedSemaphorePermit;
 
-use super::claim::{self, Held};
+use super::claim::{self, Unadmitted};
 use super::context::Ctx;
 use crate::connection::{Connection, ConnectionSlot};
 use crate::error::GatewayError;
-use crate::policy::scope::Scope;
 use crate::runtime::Runtime;
 use crate::store::{Lease, Quota, QuotaKey};
 
@@ -19,13 +18,49 @@ use crate::store::{Lease, Quota, QuotaKey};
 #[derive(Debug)]
 pub struct Admitted {
     /// The claim.
-    pub lease: Lease,
-    /// Whether the store confirmed the claim. `false` when the claim call failed and the route
-    /// fails open: the claim may or may not exist (its reply was lost), so the exchange settles
-    /// it if it does, but neither announces an attempt nor counts a lost lease.
-    pub confirmed: bool,
+    pub claimed: Claimed,
     /// Its places under the limits, held until the exchange ends.
     pub slots: Slots,
+}
+
+/// The claim an exchange runs under.
+#[derive(Debug)]
+pub enum Claimed {
+    /// The store made it: the lease, with its attempt number.
+    Confirmed(Lease),
+    /// The claim call failed and the route fails open: the claim may exist under this
+    /// request's owner token (its reply was lost) or not at all. The exchange settles it if it
+    /// does; it announces no attempt, and a lease found lost is no takeover.
+    Unconfirmed(Lease),
+}
+
+impl Claimed {
+    /// The lease, confirmed or not.
+    pub fn lease(&self) -> &Lease {
+        match self {
+            Self::Confirmed(lease) | Self::Unconfirmed(lease) => lease,
+        }
+    }
+
+    /// The attempt the upstream is told: the store's count, when it confirmed the claim.
+    pub fn attempt(&self) -> Option<u32> {
+        match self {
+            Self::Confirmed(lease) => Some(lease.attempt()),
+            Self::Unconfirmed(_) => None,
+        }
+    }
+
+    /// Whether the store confirmed the claim.
+    pub fn is_confirmed(&self) -> bool {
+        matches!(self, Self::Confirmed(_))
+    }
+
+    /// The lease, to be settled or released.
+    pub fn into_lease(self) -> Lease {
+        match self {
+            Self::Confirmed(lease) | Self::Unconfirmed(lease) => lease,
+        }
+    }
 }
 
 /// An exchange's places under the global and the per-connection limits, held until it ends
@@ -36,21 +71,28 @@ pub struct Slots {
     _connection: ConnectionSlot,
 }
 
-/// Admits a claimed request, or gives its claim back and says why not.
+/// Admits a claimed request, or gives its claim back and says why not. An unconfirmed claim
+/// (fail-open) needs only the room: the store just failed, and counting its key would too.
 pub async fn admit(
     rt: &Runtime,
     ctx: &Ctx<'_>,
     connection: &Arc<Connection>,
-    scope: &Scope,
-    lease: Lease,
+    claimed: Claimed,
 ) -> Result<Admitted, GatewayError> {
-    // Held until admitted: if this future is dropped at the await below (the client went
+    let slots = slots(rt, connection);
+    let lease = match claimed {
+        Claimed::Confirmed(lease) => lease,
+        unconfirmed @ Claimed::Unconfirmed(_) => {
+            return slots.map(|slots| Admitted { claimed: unconfirmed, slots }).ok_or(GatewayError::Overloaded);
+        }
+    };
+    // Given back unless admitted: if this future is dropped at the await below (the client went
     // away), the claim is given back instead of blocking its key.
-    let held = Held::new(rt, lease);
-    let refused = match slots(rt, connection) {
+    let held = Unadmitted::new(rt, lease);
+    let refused = match slots {
         None => GatewayError::Overloaded,
-        Some(slots) => match new_key_budget(rt, ctx, scope, held.lease()).await {
-            None => return Ok(Admitted { lease: held.take(), confirmed: true, slots }),
+        Some(slots) => match new_key_budget(rt, ctx, held.lease()).await {
+            None => return Ok(Admitted { claimed: Claimed::Confirmed(held.take()), slots }),
             Some(exceeded) => exceeded,
         },
     };
@@ -59,7 +101,7 @@ pub async fn admit(
 }
 
 /// A place for one more exchange, in all and on this connection, if both have one.
-pub fn slots(rt: &Runtime, connection: &Arc<Connection>) -> Option<Slots> {
+fn slots(rt: &Runtime, connection: &Arc<Connection>) -> Option<Slots> {
     let global = Arc::clone(&rt.exchange_slots).try_acquire_owned().ok()?;
     let local = connection.exchange_slot()?;
     Some(Slots { _global: global, _connection: local })
@@ -69,13 +111,13 @@ pub fn slots(rt: &Runtime, connection: &Arc<Connection>) -> Option<Slots> {
 /// when the budget is spent. Only first attempts count: a re-run of a released key is not a
 /// new key. A store that fails to count lets the request through (the claim just succeeded,
 /// so the store is up; the budget is a guard against floods, not a guarantee).
-async fn new_key_budget(rt: &Runtime, ctx: &Ctx<'_>, scope: &Scope, lease: &Lease) -> Option<GatewayError> {
+async fn new_key_budget(rt: &Runtime, ctx: &Ctx<'_>, lease: &Lease) -> Option<GatewayError> {
     let route = ctx.route;
     let quota = route.policy.max_new_keys?;
     if lease.attempt() != 1 {
         return None;
     }
-    let budget = QuotaKey::new(rt.key_prefix(), &route.name, scope);
+    let budget = QuotaKey::new(rt.key_prefix(), &route.name, &ctx.scope);
     match rt.store.count_new_key(&budget, quota.window).await {
         Ok((count, left)) if count > quota.count => Some(GatewayError::TooManyNewKeys { retry_after: left }),
         Ok(_) => None,

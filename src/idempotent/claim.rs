@@ -10,7 +10,7 @@
 //! released by that owner in the background (owner-checked, so a claim that was never made,
 //! or that is someone else's, is left alone), with a bounded number of retries. The fail-open
 //! path instead settles under the same token (see `handle`). A claim that was made but is
-//! refused before it is sent ([`Held`], see `admit`) is given back the same way.
+//! refused before it is sent ([`Unadmitted`], see `admit`) is given back the same way.
 
 use std::time::Duration;
 
@@ -35,11 +35,12 @@ const GHOST_RECHECK: Duration = Duration::from_secs(1);
 /// store connection while asleep. The access line gets the store calls as store time and the
 /// rest, from the moment the key was found held, as wait time. A claim that stays in flight
 /// leaves in `ctx.holder_ran` how long the holder has run at least, for [`retry_after`].
-pub async fn claim(rt: &Runtime, ctx: &mut Ctx<'_>, fingerprint: &Fingerprint) -> Result<Claim, StoreError> {
+pub async fn claim(rt: &Runtime, ctx: &mut Ctx<'_>) -> Result<Claim, StoreError> {
     let mut spent = Spent::default();
-    let claim = claim_or_wait(rt, ctx, fingerprint, &mut spent).await;
-    ctx.trace.store += spent.store;
-    ctx.trace.wait += spent.wait;
+    let fingerprint = ctx.fingerprint;
+    let claim = claim_or_wait(rt, ctx, &fingerprint, &mut spent).await;
+    ctx.notes.store += spent.store;
+    ctx.notes.wait += spent.wait;
     ctx.holder_ran = spent.holder_ran;
     ctx.claim_sent = spent.last_sent.unwrap_or(ctx.claim_sent);
     claim
@@ -168,7 +169,7 @@ pub fn release_ghost(rt: &Runtime, ctx: &Ctx<'_>) {
 }
 
 /// Releases a claim that was never forwarded (its attempt number is given back).
-pub async fn release_unsent(rt: &Runtime, route: &Route, held: Held<'_>) {
+pub async fn release_unsent(rt: &Runtime, route: &Route, held: Unadmitted<'_>) {
     route.metrics.released(ReleaseReason::NotSent);
     let (key, owner, ttl) = held.take().into_release();
     if let Err(e) = rt.store.release(&key, owner, Sent::No, ttl).await {
@@ -207,12 +208,12 @@ fn spawn_release(rt: &Runtime, record: RecordKey, owner: OwnerToken, ttl: Durati
 /// A lease between its claim and its exchange. Dropped while still holding it (the handler's
 /// future was dropped at an await in between), it releases the claim in the background, as
 /// never forwarded.
-pub struct Held<'a> {
+pub struct Unadmitted<'a> {
     rt: &'a Runtime,
     lease: Option<Lease>,
 }
 
-impl<'a> Held<'a> {
+impl<'a> Unadmitted<'a> {
     /// Holds `lease` for the handler.
     pub fn new(rt: &'a Runtime, lease: Lease) -> Self {
         Self { rt, lease: Some(lease) }
@@ -221,16 +222,16 @@ impl<'a> Held<'a> {
     /// The lease held.
     pub fn lease(&self) -> &Lease {
         // Present until `take`, which consumes the guard.
-        self.lease.as_ref().unwrap_or_else(|| unreachable!("a Held guard always holds its lease until take"))
+        self.lease.as_ref().unwrap_or_else(|| unreachable!("an Unadmitted guard always holds its lease until take"))
     }
 
     /// Hands the lease on (to an exchange, or to an explicit release).
     pub fn take(mut self) -> Lease {
-        self.lease.take().unwrap_or_else(|| unreachable!("a Held guard always holds its lease until take"))
+        self.lease.take().unwrap_or_else(|| unreachable!("an Unadmitted guard always holds its lease until take"))
     }
 }
 
-impl Drop for Held<'_> {
+impl Drop for Unadmitted<'_> {
     fn drop(&mut self) {
         if let Some(lease) = self.lease.take() {
             let (key, owner, ttl) = lease.into_release();

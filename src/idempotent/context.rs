@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::access::Trace;
+use crate::access::Notes;
 use crate::policy::fingerprint::Fingerprint;
 use crate::policy::key::IdempotencyKey;
 use crate::policy::scope::Scope;
@@ -27,7 +27,7 @@ pub struct Ctx<'a> {
     /// reply is lost can still be released by its owner.
     pub owner: OwnerToken,
     /// What the access line will say about the request.
-    pub trace: &'a mut Trace,
+    pub notes: &'a mut Notes,
     /// When the claim found the key still in flight after the wait: how long the request
     /// holding it had run at least (see `claim`).
     pub holder_ran: Duration,

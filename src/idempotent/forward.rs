@@ -34,7 +34,7 @@ use super::answer;
 use super::capture::{self, Captured, StreamEnd};
 use super::context::Ctx;
 use super::reconcile::{self, Question};
-use super::settle::Settle;
+use super::settle::Keeper;
 use crate::body::Payload;
 use crate::body::{self, Body};
 use crate::error::{GatewayError, Settling};
@@ -54,32 +54,27 @@ use crate::upstream::{Upstream, UpstreamError};
 /// exchange.
 pub async fn forward(
     rt: &Arc<Runtime>,
-    ctx: &mut Ctx<'_>,
+    ctx: Ctx<'_>,
     admitted: Admitted,
     mut parts: Parts,
     body: Bytes,
     peer: &Peer,
 ) -> Result<Response<Body>, GatewayError> {
+    // The last phase: what the exchange needs of the request moves into it.
+    let Ctx { route, record, key, scope, fingerprint, notes, .. } = ctx;
     // Only a route that reconciles keeps what a lookup needs (a few headers, the peer).
-    let question = ctx
-        .route
-        .policy
-        .reconcile
-        .as_ref()
-        .map(|_| Question::new(ctx.route, &parts.headers, &ctx.key, ctx.record.clone(), ctx.fingerprint, peer));
-    let trail =
-        Trail { key: ctx.key.take(), scope: ctx.scope, method: parts.method.clone(), uri: parts.uri.clone(), question };
-    ctx.route.upstream.prepare(&mut parts, peer);
-    if admitted.confirmed {
-        ctx.trace.attempt = Some(admitted.lease.attempt());
-    }
+    let question =
+        route.policy.reconcile.as_ref().map(|_| Question::new(route, &parts.headers, &key, record, fingerprint, peer));
+    let trail = Trail { key, scope, method: parts.method.clone(), uri: parts.uri.clone(), question };
+    route.upstream.prepare(&mut parts, peer);
+    notes.attempt = admitted.claimed.attempt();
     let exchange = Exchange {
         rt: Arc::clone(rt),
-        route: Arc::clone(ctx.route),
+        route: Arc::clone(route),
         admitted,
         request: Request::from_parts(parts, body),
         trail,
-        span: ctx.trace.span.clone(),
+        span: notes.span.clone(),
     };
     let (tx, rx) = oneshot::channel();
     // The exchange's state machine is several KiB; boxed once here, it is not copied again on
@@ -88,8 +83,8 @@ pub async fn forward(
     let (answer, report) = rx.await.unwrap_or_else(|_| {
         (Err(GatewayError::Internal("the exchange ended without an answer".into())), Report::default())
     });
-    ctx.trace.upstream = Some(report.upstream);
-    ctx.trace.store += report.store;
+    notes.upstream = Some(report.upstream);
+    notes.store += report.store;
     answer
 }
 
@@ -147,7 +142,7 @@ impl Exchange {
     async fn run(self, client: oneshot::Sender<(Answer, Report)>) {
         let Self { rt, route, admitted, mut request, trail, span } = self;
         // The slots are held until the exchange ends, after its client if it goes first.
-        let Admitted { lease, confirmed, slots: _slots } = admitted;
+        let Admitted { claimed, slots: _slots } = admitted;
         let (policy, abandon) = (&*route.policy, &rt.abandon);
         let running = rt.metrics.exchanges_running.clone();
         running.inc();
@@ -156,12 +151,15 @@ impl Exchange {
         });
         // The attempt is the gateway's word; whatever a client sent under that name is gone
         // (identify removed it), and an unconfirmed claim has no attempt number to give.
-        if let Some(name) = policy.attempt_header.as_ref().filter(|_| confirmed) {
-            request.headers_mut().insert(name.clone(), HeaderValue::from(lease.attempt()));
+        if let (Some(name), Some(attempt)) = (policy.attempt_header.as_ref(), claimed.attempt()) {
+            request.headers_mut().insert(name.clone(), HeaderValue::from(attempt));
         }
         // The upstream gets this span as its parent (`traceparent`).
         let upstream_span = span.as_ref().map(|s| s.upstream(request.headers_mut()));
-        let settle = Settle::new(&route, &rt.store, &lease, confirmed);
+        let settle = Keeper::new(&route, &rt.store, &claimed);
+        // An unconfirmed claim (fail-open) may have no record at all: nothing to index.
+        let indexed = claimed.is_confirmed();
+        let lease = claimed.into_lease();
         let work = std::pin::pin!(async {
             tokio::select! {
                 ended = call(&route.upstream, request, policy.max_stored_body) => ended,
@@ -242,7 +240,7 @@ impl Exchange {
                     StreamEnd::Broken => held_by(settle.unknown(lease, Duration::ZERO).await),
                 };
                 end_span(settle_span);
-                trail.record(&rt, &route, held, confirmed);
+                trail.record(&rt, &route, held.filter(|_| indexed));
                 return;
             }
             Ended::Streamed(parts, body, _) => {
@@ -274,7 +272,7 @@ impl Exchange {
         };
         end_span(settle_span);
         let _ = client.send((reply, report()));
-        trail.record(&rt, &route, held, confirmed);
+        trail.record(&rt, &route, held.filter(|_| indexed));
     }
 }
 
@@ -306,9 +304,8 @@ impl Trail {
     /// need an operator, and, on a route that reconciles, a lookup in the background. After
     /// the client's answer, which neither delays. Best effort: the index is checked against
     /// the record when read.
-    fn record(self, rt: &Arc<Runtime>, route: &Arc<IdempotentRoute>, held: Option<State>, confirmed: bool) {
-        // An unconfirmed claim (fail-open) may have no record at all.
-        let Some(held) = held.filter(|_| confirmed) else { return };
+    fn record(self, rt: &Arc<Runtime>, route: &Arc<IdempotentRoute>, held: Option<State>) {
+        let Some(held) = held else { return };
         let Self { key, scope, method, uri, question } = self;
         let record = match &question {
             Some(q) => q.record().clone(),

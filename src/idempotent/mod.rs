@@ -41,18 +41,17 @@ use std::time::Duration;
 use http::{HeaderValue, Request};
 use hyper::body::Incoming;
 
-use crate::access::Trace;
+use crate::access::Notes;
 use crate::body;
 use crate::connection::Connection;
 use crate::error::GatewayError;
 use crate::metrics::Outcome;
 use crate::policy::StoreFailurePolicy;
-use crate::policy::fingerprint::Fingerprint;
 use crate::proxy;
 use crate::runtime::{IdempotentRoute, Runtime};
 use crate::store::{Claim, Lease, OwnerToken, StoreError};
 
-use self::admit::Admitted;
+use self::admit::Claimed;
 pub use self::answer::Served;
 use self::context::Ctx;
 use self::identify::{Identified, Identity};
@@ -63,7 +62,7 @@ pub async fn handle(
     route: &Arc<IdempotentRoute>,
     request: Request<Incoming>,
     connection: &Arc<Connection>,
-    trace: &mut Trace,
+    notes: &mut Notes,
 ) -> Result<Served, GatewayError> {
     let Identified { parts, body, key, scope, fingerprint, record } =
         match identify::identify(rt, route, request).await? {
@@ -73,12 +72,12 @@ pub async fn handle(
                 return Ok((Outcome::PassedThrough, response));
             }
         };
-    trace.record = Some(record.short().to_owned());
+    notes.record = Some(record.short().to_owned());
     let owner = OwnerToken::generate();
     let claim_sent = tokio::time::Instant::now();
-    let mut ctx = Ctx { route, record, key, scope, fingerprint, owner, trace, holder_ran: Duration::ZERO, claim_sent };
+    let mut ctx = Ctx { route, record, key, scope, fingerprint, owner, notes, holder_ran: Duration::ZERO, claim_sent };
 
-    let mut claimed = traced_claim(rt, &mut ctx, &fingerprint).await;
+    let mut claimed = traced_claim(rt, &mut ctx).await;
     // An unknown outcome on a route that reconciles: ask the upstream (once per request).
     let mut reconciled = false;
     if let Ok(Claim::Unknown { .. }) = claimed
@@ -92,7 +91,7 @@ pub async fn handle(
             fingerprint,
             &connection.peer,
         );
-        let span = ctx.trace.span.as_ref().map(|s| s.child("reconcile"));
+        let span = ctx.notes.span.as_ref().map(|s| s.child("reconcile"));
         let asked = reconcile::on_retry(rt, route, question).await;
         if let Some(span) = span {
             span.set("idemgate.reconciled", asked.describe());
@@ -120,12 +119,12 @@ pub async fn handle(
             }
             reconcile::Asked::Changed => {
                 reconciled = true;
-                claimed = traced_claim(rt, &mut ctx, &fingerprint).await;
+                claimed = traced_claim(rt, &mut ctx).await;
             }
         }
     }
-    let lease = match claimed {
-        Ok(Claim::Acquired(lease)) => lease,
+    let claimed = match claimed {
+        Ok(Claim::Acquired(lease)) => Claimed::Confirmed(lease),
         Ok(Claim::Completed(stored)) if reconciled => {
             return Ok((Outcome::Replayed, answer::reconciled(stored, &route.policy.replay_header)));
         }
@@ -145,23 +144,30 @@ pub async fn handle(
             return Err(GatewayError::InFlight { retry_after });
         }
         Ok(Claim::Mismatch) => return Err(GatewayError::Mismatch),
-        Err(e) => return store_failed(rt, ctx, e, connection, Request::from_parts(parts, body)).await,
+        Err(e) => store_failed(rt, &ctx, e)?,
     };
-    tracing::debug!(route = %route.name, key = ctx.record.short(), attempt = lease.attempt(), "claimed");
+    let confirmed = claimed.is_confirmed();
+    if let Some(attempt) = claimed.attempt() {
+        tracing::debug!(route = %route.name, key = ctx.record.short(), attempt, "claimed");
+    }
 
-    let admitted = admit::admit(rt, &ctx, connection, &scope, lease).await?;
-    let response = forward::forward(rt, &mut ctx, admitted, parts, body, &connection.peer).await?;
-    Ok((Outcome::Executed, response))
+    let admitted = admit::admit(rt, &ctx, connection, claimed).await?;
+    let mut response = forward::forward(rt, ctx, admitted, parts, body, &connection.peer).await?;
+    if confirmed {
+        return Ok((Outcome::Executed, response));
+    }
+    response.headers_mut().insert(answer::STATUS_HEADER, HeaderValue::from_static("bypassed"));
+    Ok((Outcome::Bypassed, response))
 }
 
 /// The claim phase, as a trace shows it: a `claim` span, and a `wait` span for the time a
 /// duplicate waited for the request holding its key. Without tracing, the claim alone.
-async fn traced_claim(rt: &Runtime, ctx: &mut Ctx<'_>, fingerprint: &Fingerprint) -> Result<Claim, StoreError> {
-    let Some(span) = ctx.trace.span.clone() else { return claim::claim(rt, ctx, fingerprint).await };
-    let waited_before = ctx.trace.wait;
+async fn traced_claim(rt: &Runtime, ctx: &mut Ctx<'_>) -> Result<Claim, StoreError> {
+    let Some(span) = ctx.notes.span.clone() else { return claim::claim(rt, ctx).await };
+    let waited_before = ctx.notes.wait;
     let child = span.child("claim");
-    let claimed = claim::claim(rt, ctx, fingerprint).await;
-    let waited = ctx.trace.wait.saturating_sub(waited_before);
+    let claimed = claim::claim(rt, ctx).await;
+    let waited = ctx.notes.wait.saturating_sub(waited_before);
     if !waited.is_zero() {
         let end = std::time::SystemTime::now();
         span.child_between("wait", end.checked_sub(waited).unwrap_or(end), end);
@@ -170,14 +176,11 @@ async fn traced_claim(rt: &Runtime, ctx: &mut Ctx<'_>, fingerprint: &Fingerprint
     claimed
 }
 
-/// The claim call failed: the route's `on_store_error` decides.
-async fn store_failed(
-    rt: &Arc<Runtime>,
-    mut ctx: Ctx<'_>,
-    error: StoreError,
-    connection: &Arc<Connection>,
-    request: Request<bytes::Bytes>,
-) -> Result<Served, GatewayError> {
+/// The claim call failed: the route's `on_store_error` decides. Fail-closed refuses;
+/// fail-open goes on under this request's owner token, unconfirmed: if the claim was made
+/// after all (its reply lost), the exchange settles it and retries replay its answer; if not,
+/// settling finds nothing. A ghost claim never lets a retry run it twice.
+fn store_failed(rt: &Runtime, ctx: &Ctx<'_>, error: StoreError) -> Result<Claimed, GatewayError> {
     let (route, policy) = (ctx.route, &ctx.route.policy);
     route.metrics.store_error();
     // The outage itself is logged once by the store (see `store::health`); this request's
@@ -187,20 +190,12 @@ async fn store_failed(
         StoreFailurePolicy::FailClosed => {
             // The claim may have been made, its reply lost: release it, or the client's retry
             // would wait out a whole lease.
-            claim::release_ghost(rt, &ctx);
+            claim::release_ghost(rt, ctx);
             Err(GatewayError::StoreUnavailable(error))
         }
         StoreFailurePolicy::FailOpen => {
-            // Forward under the owner token all the same: if the claim was made after all, the
-            // exchange settles it and retries replay its answer; if not, settling finds
-            // nothing. A ghost claim never lets a retry run it twice.
-            let slots = admit::slots(rt, connection).ok_or(GatewayError::Overloaded)?;
-            let lease = Lease::new(ctx.record.clone(), ctx.owner, 0, claim::terms(policy), ctx.claim_sent);
-            let admitted = Admitted { lease, confirmed: false, slots };
-            let (parts, body) = request.into_parts();
-            let mut response = forward::forward(rt, &mut ctx, admitted, parts, body, &connection.peer).await?;
-            response.headers_mut().insert(answer::STATUS_HEADER, HeaderValue::from_static("bypassed"));
-            Ok((Outcome::Bypassed, response))
+            let terms = claim::terms(policy);
+            Ok(Claimed::Unconfirmed(Lease::unconfirmed(ctx.record.clone(), ctx.owner, terms, ctx.claim_sent)))
         }
     }
 }

@@ -1,13 +1,13 @@
 //! Settle: every write to a key after its claim, with its logs, counters and persistence.
 //!
 //! While the upstream call runs, the lease is renewed every third of its duration
-//! ([`Settle::renewing`]); when the call has ended, the claim is settled with its outcome
+//! ([`Keeper::renewing`]); when the call has ended, the claim is settled with its outcome
 //! (completed, executed, unknown) or released.
 //!
 //! The hazard is a write that fails after the upstream answered. Nothing else can settle the
 //! key until its lease passes, and once it has passed, a retry takes the key over and runs
 //! the request a second time. So a write that fails is tried again, with backoff, for as long
-//! as the lease lasts ([`Settle::persist`], one policy for every write: settle, unknown,
+//! as the lease lasts ([`Keeper::persist`], one policy for every write: settle, unknown,
 //! release): a store blip, a restart with its data kept, a Cluster slot migration or a
 //! failover that ends within the lease never lets an answered request run again. Between
 //! tries the lease is renewed when the store answers, which extends the window. The window is
@@ -33,16 +33,18 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::admit::Claimed;
 use crate::metrics::ReleaseReason;
 use crate::policy::UnknownOutcomePolicy;
 use crate::runtime::IdempotentRoute;
 use crate::store::{Backend, Final, Lease, Lifecycle, Renewal, Sent, Settled, StoreError};
 
-/// Settling a lease: the store calls, their logs and counters.
-pub struct Settle<'a> {
+/// Keeps a lease until it ends: renews it while the call runs, then settles or releases it;
+/// the store calls, their logs and counters.
+pub struct Keeper<'a> {
     route: &'a IdempotentRoute,
     store: &'a Backend,
-    /// Whether the store confirmed the claim (see `Admitted::confirmed`): an unconfirmed
+    /// Whether the store confirmed the claim (see `admit::Claimed`): an unconfirmed
     /// claim that turns out lost was never made, and is not counted as a takeover.
     confirmed: bool,
     /// When the lease ends at the earliest, by this gateway's clock: a lease after the claim
@@ -51,9 +53,10 @@ pub struct Settle<'a> {
     lease_end: Mutex<Instant>,
 }
 
-impl<'a> Settle<'a> {
+impl<'a> Keeper<'a> {
     /// Settling `lease` on `route` in `store`.
-    pub fn new(route: &'a IdempotentRoute, store: &'a Backend, lease: &Lease, confirmed: bool) -> Self {
+    pub fn new(route: &'a IdempotentRoute, store: &'a Backend, claimed: &Claimed) -> Self {
+        let (lease, confirmed) = (claimed.lease(), claimed.is_confirmed());
         Self { route, store, confirmed, lease_end: Mutex::new(lease.sent() + lease.duration()) }
     }
 
@@ -108,7 +111,7 @@ impl<'a> Settle<'a> {
     }
 
     /// One try at settling the claim with its outcome, before the client is answered (so
-    /// that its retry finds the answer); when it fails, [`Settle::finish`] goes on behind the
+    /// that its retry finds the answer); when it fails, [`Keeper::finish`] goes on behind the
     /// answer.
     pub async fn first_try(&self, lease: &Lease, outcome: Final<'_>) -> Result<Settled, StoreError> {
         self.store.settle(lease, outcome, self.route.policy.retention).await

@@ -60,11 +60,6 @@ impl IdempotencyKey {
         out.push('"');
         out
     }
-
-    /// Moves the key out, leaving an empty one (no allocation either way).
-    pub fn take(&mut self) -> Self {
-        Self(std::mem::take(&mut self.0))
-    }
 }
 
 // Keys are client secrets of a sort (they may embed user ids); never print them in full.

@@ -76,6 +76,13 @@ impl Lease {
         Self { key, owner, attempt, terms, sent }
     }
 
+    /// The lease of a claim whose call failed: it may have been made under `owner` (its reply
+    /// was lost) or not at all, so its attempt number is unknown (0). Settling or releasing it
+    /// changes the record only if the claim was made.
+    pub(crate) fn unconfirmed(key: RecordKey, owner: OwnerToken, terms: Terms, sent: tokio::time::Instant) -> Self {
+        Self { key, owner, attempt: 0, terms, sent }
+    }
+
     /// When the claim that made this lease was sent (the lease began no earlier).
     pub fn sent(&self) -> tokio::time::Instant {
         self.sent
