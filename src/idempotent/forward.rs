@@ -4,16 +4,9 @@
 //! but the exchange goes on, settles the key, and the client's retry is answered from the
 //! store: this is the "request arrived, response lost" case the gateway exists for.
 //!
-//! Every way an exchange can end is classified, and the lease is consumed on every path:
-//!
-//! | how it ended | the key | the first client gets |
-//! |---|---|---|
-//! | not sent (connection refused, DNS, TLS handshake) | released, attempt given back | 502 `upstream-unavailable` |
-//! | complete answer, status in `store_statuses` | completed: replayed to retries | the answer |
-//! | complete answer, other status | released | the answer |
-//! | answer too large to store, delivered | executed: retries get `response-not-stored` | the answer, streamed |
-//! | sent, no complete answer (timeout, reset, truncated body) | `hold`: unknown, retries get 502 `outcome-unknown`; `release`: released | 502/504 `outcome-unknown` (`release`: the upstream error) |
-//! | abandoned at the end of the shutdown grace period | as the row above | 503 `shutting-down` |
+//! Every way an exchange can end is classified (`outcome`: what becomes of the key and what
+//! the first client gets, decided from how the call ended alone), and the lease is consumed
+//! on every path.
 //!
 //! Every forwarded request carries the attempt header (`Idempotency-Attempt: N`), so the
 //! upstream can refuse or log a re-execution. While the call runs, the lease is renewed every
@@ -25,7 +18,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::request::Parts;
-use http::{HeaderValue, Method, Request, Response, Uri, response};
+use http::{HeaderValue, Method, Request, Response, Uri};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
@@ -33,6 +26,7 @@ use super::admit::Admitted;
 use super::answer;
 use super::capture::{self, Captured, StreamEnd};
 use super::context::Ctx;
+use super::outcome::{self, Ended, Plan, Then};
 use super::reconcile::{self, Question};
 use super::settle::Keeper;
 use crate::body::Payload;
@@ -40,14 +34,13 @@ use crate::body::{self, Body};
 use crate::error::{GatewayError, Settling};
 use crate::forwarded::Peer;
 use crate::headers;
-use crate::metrics::{ReleaseReason, status_class};
 use crate::policy::UnknownOutcomePolicy;
 use crate::policy::key::IdempotencyKey;
 use crate::policy::scope::Scope;
 use crate::runtime::{IdempotentRoute, Runtime};
-use crate::store::{Final, IndexEntry, IndexKey, Operator, Sent, State, StoredResponse};
+use crate::store::{Final, IndexEntry, IndexKey, Operator, State, StoredResponse};
 use crate::telemetry::{ChildSpan, RequestSpan};
-use crate::upstream::{Upstream, UpstreamError};
+use crate::upstream::Upstream;
 
 /// Sends an admitted request upstream in an exchange of its own, and waits for the first
 /// client's answer. Dropping the returned future (the client went away) does not stop the
@@ -113,20 +106,6 @@ struct Trail {
     question: Option<Question>,
 }
 
-/// How the call to the upstream ended.
-enum Ended {
-    /// The whole response, within `max_stored_body`.
-    Whole(response::Parts, Payload),
-    /// A response too large to store, streaming to the client.
-    Streamed(response::Parts, Body, oneshot::Receiver<StreamEnd>),
-    /// The request never reached the upstream.
-    NotSent(UpstreamError),
-    /// The request was sent and no complete answer came back.
-    NoAnswer(UpstreamError),
-    /// Shutdown gave up on the exchange.
-    Abandoned,
-}
-
 type Answer = Result<Response<Body>, GatewayError>;
 
 /// Where an exchange's time went, for the access log.
@@ -186,9 +165,10 @@ impl Exchange {
                 (started + route.upstream.timeout() + release_after).saturating_duration_since(Instant::now())
             }
         };
+        // Decide (see `outcome`), then do, in this order of effects.
         let mut held = None;
-        let reply = match ended {
-            Ended::Whole(parts, body) if policy.store_statuses.contains(parts.status) => {
+        let reply = match outcome::plan(ended, &policy.store_statuses) {
+            Plan::Keep(parts, body) => {
                 let stored = StoredResponse {
                     status: parts.status,
                     headers: headers::storable(&parts.headers, &policy.stored_headers),
@@ -208,11 +188,7 @@ impl Exchange {
                 let lost = settle.logged("settle", settled);
                 Ok(answer::first(parts, body::payload(body), lost))
             }
-            Ended::Whole(parts, body) => {
-                settle.release(lease, Sent::Maybe, ReleaseReason::Status).await;
-                Ok(answer::first(parts, body::payload(body), false))
-            }
-            Ended::Streamed(parts, body, end) if policy.store_statuses.contains(parts.status) => {
+            Plan::KeepHead(parts, body, end) => {
                 let head = StoredResponse {
                     status: parts.status,
                     headers: headers::storable(&parts.headers, &policy.stored_headers),
@@ -243,31 +219,18 @@ impl Exchange {
                 trail.record(&rt, &route, held.filter(|_| indexed));
                 return;
             }
-            Ended::Streamed(parts, body, _) => {
-                settle.release(lease, Sent::Maybe, ReleaseReason::Status).await;
-                Ok(answer::first(parts, body, false))
-            }
-            Ended::NotSent(e) => {
-                settle.release(lease, Sent::No, ReleaseReason::NotSent).await;
-                Err(e.into())
-            }
-            Ended::NoAnswer(e) => {
-                let timed_out = matches!(e, UpstreamError::Timeout { .. });
-                let closed = matches!(e, UpstreamError::Failed { .. });
-                let done = settle.unknown(lease, trusted_in(closed)).await;
-                held = held_by(done);
-                match done {
-                    UnknownOutcomePolicy::Hold => {
-                        Err(GatewayError::OutcomeUnknown { timed_out, settling: settling(&route) })
-                    }
-                    UnknownOutcomePolicy::Release => Err(e.into()),
+            Plan::Release { sent, reason, then } => {
+                settle.release(lease, sent, reason).await;
+                match then {
+                    Then::Whole(parts, body) => Ok(answer::first(parts, body::payload(body), false)),
+                    Then::Streamed(parts, body) => Ok(answer::first(parts, body, false)),
+                    Then::Failed(e) => Err(e.into()),
                 }
             }
-            Ended::Abandoned => {
-                let done = settle.unknown(lease, trusted_in(false)).await;
+            Plan::Unknown { trusted_at_once, unanswered } => {
+                let done = settle.unknown(lease, trusted_in(trusted_at_once)).await;
                 held = held_by(done);
-                let held = (done == UnknownOutcomePolicy::Hold).then(|| settling(&route));
-                Err(GatewayError::ShuttingDown { held })
+                Err(outcome::refusal(unanswered, done, settling(&route)))
             }
         };
         end_span(settle_span);
@@ -328,29 +291,6 @@ impl Trail {
         });
         if let Some(question) = question.filter(|_| held == State::Unknown) {
             reconcile::later(rt, route, question);
-        }
-    }
-}
-
-impl Ended {
-    /// Ends the upstream span with how the call ended.
-    fn trace(&self, span: ChildSpan) {
-        match self {
-            Self::Whole(parts, _) | Self::Streamed(parts, _, _) => {
-                span.set("http.response.status_code", i64::from(parts.status.as_u16()));
-                span.end(None);
-            }
-            Self::NotSent(e) | Self::NoAnswer(e) => span.end(Some(e.to_string())),
-            Self::Abandoned => span.end(Some("abandoned at shutdown".into())),
-        }
-    }
-
-    /// The status class for the upstream latency histogram.
-    fn class(&self) -> &'static str {
-        match self {
-            Self::Whole(parts, _) | Self::Streamed(parts, _, _) => status_class(parts.status),
-            Self::NotSent(_) | Self::NoAnswer(_) => "error",
-            Self::Abandoned => "abandoned",
         }
     }
 }

@@ -32,6 +32,7 @@ mod claim;
 mod context;
 mod forward;
 mod identify;
+mod outcome;
 mod reconcile;
 mod settle;
 
