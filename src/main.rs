@@ -155,10 +155,8 @@ fn serve(path: &std::path::Path, log_format: Option<LogFormat>) -> ExitCode {
     // Many systems start processes with a soft limit of 1024 descriptors whatever the hard
     // limit allows; a server takes what it is allowed (the listeners' caps are fitted to it).
     idemgate::descriptors::raise();
-    // One thread asked for: the runtime is that thread, without a pool. A pool of one worker
-    // still pays for the pool (a second thread that runs the accept loop, wake-ups handed
-    // between them, the scheduler's work-stealing bookkeeping): measured, 10% more CPU per
-    // pass-through request. Everything else about the runtime is the same.
+    // One thread asked for: the runtime is that thread, without a pool, which a pool of one
+    // worker still pays for (figures in docs/performance.md). Nothing else differs.
     let mut builder = if config.server.worker_threads == Some(1) {
         tokio::runtime::Builder::new_current_thread()
     } else {

@@ -89,15 +89,12 @@ pub enum UpstreamSetupError {
 /// The authority every request to a cleartext upstream carries on its way into the pooled
 /// client: the pool's key, not an address.
 ///
-/// Why: hyper-util's pool looks a connection up by the request's scheme and authority, and
-/// hashes the authority one byte at a time with SipHash, three times per request (checkout,
-/// return, and the connecting lock): 3.1k instructions, 6% of a pass-through, for a
-/// `127.0.0.1:8080`. Each `Upstream` has a client of its own, so the key tells nothing
-/// apart: one letter does the same. [`Dial`] connects to the real address whatever the key,
-/// the `Host` header is set from the real authority (as the client would have), and an
-/// HTTP/1 request goes out in origin form, so the key never reaches the wire. (Upstreams
-/// over TLS keep their real authority: it is their certificate's name, and HTTP/2 sends it
-/// as `:authority`.)
+/// Why: hyper-util's pool hashes the authority byte by byte three times per request (figures in
+/// docs/performance.md), and each `Upstream` has a client of its own, so one letter tells as
+/// much apart. Hazard: the key must never reach the wire: [`Dial`] connects to the real
+/// address, `Host` is set from the real authority, and HTTP/1 goes out in origin form.
+/// Upstreams over TLS keep their real authority (their certificate's name, HTTP/2's
+/// `:authority`).
 const POOL_KEY: Authority = Authority::from_static("u");
 
 /// One upstream service.

@@ -8,10 +8,11 @@ use std::sync::Arc;
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::claim::{self, Unadmitted};
-use super::context::Ctx;
+use super::context::{Claimant, Handler};
 use crate::connection::{Connection, ConnectionSlot};
 use crate::error::GatewayError;
-use crate::runtime::Runtime;
+use crate::policy::scope::Scope;
+use crate::runtime::{IdempotentRoute, Runtime};
 use crate::store::{Lease, Quota, QuotaKey};
 
 /// A claim cleared to go upstream.
@@ -73,13 +74,9 @@ pub struct Slots {
 
 /// Admits a claimed request, or gives its claim back and says why not. An unconfirmed claim
 /// (fail-open) needs only the room: the store just failed, and counting its key would too.
-pub async fn admit(
-    rt: &Runtime,
-    ctx: &Ctx<'_>,
-    connection: &Arc<Connection>,
-    claimed: Claimed,
-) -> Result<Admitted, GatewayError> {
-    let slots = slots(rt, connection);
+pub async fn admit(h: &Handler<'_>, claimant: &Claimant, claimed: Claimed) -> Result<Admitted, GatewayError> {
+    let (rt, route) = (&**h.rt, h.route);
+    let slots = slots(rt, h.connection);
     let lease = match claimed {
         Claimed::Confirmed(lease) => lease,
         unconfirmed @ Claimed::Unconfirmed(_) => {
@@ -91,12 +88,12 @@ pub async fn admit(
     let held = Unadmitted::new(rt, lease);
     let refused = match slots {
         None => GatewayError::Overloaded,
-        Some(slots) => match new_key_budget(rt, ctx, held.lease()).await {
+        Some(slots) => match new_key_budget(rt, route, &claimant.scope, held.lease()).await {
             None => return Ok(Admitted { claimed: Claimed::Confirmed(held.take()), slots }),
             Some(exceeded) => exceeded,
         },
     };
-    claim::release_unsent(rt, ctx.route, held).await;
+    claim::release_unsent(rt, route, held).await;
     Err(refused)
 }
 
@@ -111,13 +108,12 @@ fn slots(rt: &Runtime, connection: &Arc<Connection>) -> Option<Slots> {
 /// when the budget is spent. Only first attempts count: a re-run of a released key is not a
 /// new key. A store that fails to count lets the request through (the claim just succeeded,
 /// so the store is up; the budget is a guard against floods, not a guarantee).
-async fn new_key_budget(rt: &Runtime, ctx: &Ctx<'_>, lease: &Lease) -> Option<GatewayError> {
-    let route = ctx.route;
+async fn new_key_budget(rt: &Runtime, route: &IdempotentRoute, scope: &Scope, lease: &Lease) -> Option<GatewayError> {
     let quota = route.policy.max_new_keys?;
     if lease.attempt() != 1 {
         return None;
     }
-    let budget = QuotaKey::new(rt.key_prefix(), &route.name, &ctx.scope);
+    let budget = QuotaKey::new(rt.key_prefix(), &route.name, scope);
     match rt.store.count_new_key(&budget, quota.window).await {
         Ok((count, left)) if count > quota.count => Some(GatewayError::TooManyNewKeys { retry_after: left }),
         Ok(_) => None,

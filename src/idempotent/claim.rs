@@ -16,11 +16,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::context::Ctx;
+use super::context::{Claimant, Handler};
 use crate::metrics::{GaugeHold, ReleaseReason};
 use crate::policy::IdempotencyPolicy;
-use crate::policy::fingerprint::Fingerprint;
-use crate::runtime::{Route, Runtime};
+use crate::runtime::{IdempotentRoute, Route, Runtime};
 use crate::store::{Claim, Lease, Lifecycle, OwnerToken, RecordKey, Sent, Settled, StoreError, Terms, Watch};
 
 /// How often, and how far apart, a ghost release is tried before it is left to the lease.
@@ -33,17 +32,26 @@ const GHOST_RECHECK: Duration = Duration::from_secs(1);
 /// settle. The wait sleeps on a [`Watch`] (woken when the holder settles or releases, or when
 /// its lease runs out and the key can be taken over), never in a polling loop, and holds no
 /// store connection while asleep. The access line gets the store calls as store time and the
-/// rest, from the moment the key was found held, as wait time. A claim that stays in flight
-/// leaves in `ctx.holder_ran` how long the holder has run at least, for [`retry_after`].
-pub async fn claim(rt: &Runtime, ctx: &mut Ctx<'_>) -> Result<Claim, StoreError> {
+/// rest, from the moment the key was found held, as wait time.
+pub async fn claim(h: &mut Handler<'_>, claimant: &Claimant) -> Tried {
+    let started = Instant::now();
     let mut spent = Spent::default();
-    let fingerprint = ctx.fingerprint;
-    let claim = claim_or_wait(rt, ctx, &fingerprint, &mut spent).await;
-    ctx.notes.store += spent.store;
-    ctx.notes.wait += spent.wait;
-    ctx.holder_ran = spent.holder_ran;
-    ctx.claim_sent = spent.last_sent.unwrap_or(ctx.claim_sent);
-    claim
+    let reply = claim_or_wait(h.rt, h.route, claimant, &mut spent).await;
+    h.notes.store += spent.store;
+    h.notes.wait += spent.wait;
+    Tried { reply, sent: spent.last_sent.unwrap_or(started), holder_ran: spent.holder_ran }
+}
+
+/// What a claim learned: the store's reply, and what later phases need of how it came.
+pub struct Tried {
+    /// The store's reply to the last claim call.
+    pub reply: Result<Claim, StoreError>,
+    /// When the last claim call was sent: a claim it made was applied no earlier, so a lease
+    /// whose reply was lost (fail-open) is counted from here.
+    pub sent: Instant,
+    /// When the key was still in flight after the wait: how long the request holding it had
+    /// run at least, for [`retry_after`].
+    pub holder_ran: Duration,
 }
 
 /// Where a claim's time went, and what it learned about the request holding the key.
@@ -67,11 +75,12 @@ pub fn terms(policy: &IdempotencyPolicy) -> Terms {
 
 async fn claim_or_wait(
     rt: &Runtime,
-    ctx: &Ctx<'_>,
-    fingerprint: &Fingerprint,
+    route: &IdempotentRoute,
+    claimant: &Claimant,
     spent: &mut Spent,
 ) -> Result<Claim, StoreError> {
-    let (store, policy, record, owner) = (&*rt.store, &*ctx.route.policy, &ctx.record, ctx.owner);
+    let (store, policy) = (&*rt.store, &*route.policy);
+    let (record, owner, fingerprint) = (&claimant.record, claimant.owner, &claimant.fingerprint);
     let terms = terms(policy);
     let ttl = terms.ttl;
     let claim_once = || async {
@@ -99,16 +108,9 @@ async fn claim_or_wait(
     let mut deadline = held_since + policy.wait;
     let mut store_while_waiting = Duration::ZERO;
     let extension = store.call_timeout().max(Duration::from_secs(1));
-    // How long the holder has run. The store does not say when it started: a claim in flight
-    // carries only its lease left, and the holder renews its lease every third of it. What is
-    // known for sure is a lower bound: the holder (re)claimed the key at least
-    // `lease - lease_left` before the first reply (the time since its last renewal: all of its
-    // run if it never renewed), and it was still in flight at every reply since, so it has run
-    // at least that plus the time this duplicate has waited. Renewals before the first reply
-    // are not seen, so a holder that has run for longer than a third of the lease is taken as
-    // younger than it is: the estimate errs towards a later `Retry-After`, never an earlier
-    // one. It assumes the holder runs under this route's `lease`, and takes a holder that
-    // released the key to another request in between for the same one.
+    // How long the holder has run, at least: the store keeps only its lease left, so the
+    // bound is the time since its last renewal (`lease - lease_left`) at the first reply, plus
+    // the time waited since. It errs towards a later `Retry-After`, never an earlier one.
     let before_first = policy.lease.saturating_sub(lease_left);
     let ran = |lease_left: Duration| (before_first + held_since.elapsed()).max(policy.lease.saturating_sub(lease_left));
     // The watch that was registered before `claim` was read: only then is sleeping on it safe,
@@ -163,9 +165,9 @@ pub fn retry_after(route: &Route, lease_left: Duration, holder_ran: Duration) ->
 
 /// Releases, in the background, the claim this request may hold after its claim call failed
 /// without a reply.
-pub fn release_ghost(rt: &Runtime, ctx: &Ctx<'_>) {
-    ctx.route.metrics.released(ReleaseReason::Ghost);
-    spawn_release(rt, ctx.record.clone(), ctx.owner, ctx.route.policy.in_progress_ttl());
+pub fn release_ghost(rt: &Runtime, route: &IdempotentRoute, claimant: &Claimant) {
+    route.metrics.released(ReleaseReason::Ghost);
+    spawn_release(rt, claimant.record.clone(), claimant.owner, route.policy.in_progress_ttl());
 }
 
 /// Releases a claim that was never forwarded (its attempt number is given back).

@@ -1,20 +1,36 @@
-//! The state of one request as it goes through the phases: created once, after `identify`,
-//! and passed on instead of a growing list of arguments.
+//! What the phases of one request share, in two parts, because the exchange outlives the
+//! handler (a client hanging up must not cancel a settle):
+//!
+//! - [`Handler`], borrowed: made once in `Gateway::handle` and lent to every phase before the
+//!   exchange is spawned (the runtime, the connection, the route, the access line's notes
+//!   with the request's span);
+//! - [`Claimant`], owned: who claims the key, made once by `identify`, read by the phases and
+//!   moved whole into the exchange.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use crate::access::Notes;
+use crate::connection::Connection;
 use crate::policy::fingerprint::Fingerprint;
 use crate::policy::key::IdempotencyKey;
 use crate::policy::scope::Scope;
-use crate::runtime::IdempotentRoute;
+use crate::runtime::{IdempotentRoute, Runtime};
 use crate::store::{OwnerToken, RecordKey};
 
-/// One keyed request on an idempotent route.
-pub struct Ctx<'a> {
+/// One request on an idempotent route, as the handler holds it.
+pub struct Handler<'a> {
+    /// The store, the exchanges, the limits, the metrics.
+    pub rt: &'a Arc<Runtime>,
+    /// The connection it arrived on (its peer, its exchange slots).
+    pub connection: &'a Arc<Connection>,
     /// The route, with its policy.
     pub route: &'a Arc<IdempotentRoute>,
+    /// What the access line will say about the request, and its span when it is traced.
+    pub notes: &'a mut Notes,
+}
+
+/// A keyed request: whose key it is, and the store's name for it.
+pub struct Claimant {
     /// The store's name for the request's key.
     pub record: RecordKey,
     /// The key, as the client sent it.
@@ -26,12 +42,4 @@ pub struct Ctx<'a> {
     /// The owner token of this request's claim, made before the claim call: a claim whose
     /// reply is lost can still be released by its owner.
     pub owner: OwnerToken,
-    /// What the access line will say about the request.
-    pub notes: &'a mut Notes,
-    /// When the claim found the key still in flight after the wait: how long the request
-    /// holding it had run at least (see `claim`).
-    pub holder_ran: Duration,
-    /// When the last claim call was sent: a claim whose reply was lost (fail-open) was
-    /// applied no earlier, and its lease is counted from here.
-    pub claim_sent: tokio::time::Instant,
 }

@@ -25,14 +25,13 @@ use tokio::time::Instant;
 use super::admit::Admitted;
 use super::answer;
 use super::capture::{self, Captured, StreamEnd};
-use super::context::Ctx;
+use super::context::{Claimant, Handler};
 use super::outcome::{self, Ended, Plan, Then};
 use super::reconcile::{self, Question};
 use super::settle::Keeper;
 use crate::body::Payload;
 use crate::body::{self, Body};
 use crate::error::{GatewayError, Settling};
-use crate::forwarded::Peer;
 use crate::headers;
 use crate::policy::UnknownOutcomePolicy;
 use crate::policy::key::IdempotencyKey;
@@ -46,15 +45,15 @@ use crate::upstream::Upstream;
 /// client's answer. Dropping the returned future (the client went away) does not stop the
 /// exchange.
 pub async fn forward(
-    rt: &Arc<Runtime>,
-    ctx: Ctx<'_>,
+    h: &mut Handler<'_>,
+    claimant: Claimant,
     admitted: Admitted,
     mut parts: Parts,
     body: Bytes,
-    peer: &Peer,
 ) -> Result<Response<Body>, GatewayError> {
+    let (rt, route, peer, notes) = (h.rt, h.route, &h.connection.peer, &mut *h.notes);
     // The last phase: what the exchange needs of the request moves into it.
-    let Ctx { route, record, key, scope, fingerprint, notes, .. } = ctx;
+    let Claimant { record, key, scope, fingerprint, .. } = claimant;
     // Only a route that reconciles keeps what a lookup needs (a few headers, the peer).
     let question =
         route.policy.reconcile.as_ref().map(|_| Question::new(route, &parts.headers, &key, record, fingerprint, peer));

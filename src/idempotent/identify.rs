@@ -1,7 +1,7 @@
 //! Identify: which record a request names, and what makes it this request.
 //!
-//! key → scope → bounded body → fingerprint → record key (the request was checked before it
-//! was routed here). A request without a key is not the idempotent path's when the route's
+//! key → scope → bounded body → fingerprint → record key, and the owner token its claim will
+//! carry (the request was checked before it was routed here). A request without a key is not the idempotent path's when the route's
 //! key is optional: it goes through as on a plain route.
 
 use bytes::Bytes;
@@ -9,13 +9,13 @@ use http::Request;
 use http::request::Parts;
 use hyper::body::Incoming;
 
+use super::context::Claimant;
 use crate::body;
 use crate::error::GatewayError;
-use crate::policy::fingerprint::{self, Fingerprint};
-use crate::policy::key::{IdempotencyKey, KeyError};
-use crate::policy::scope::Scope;
+use crate::policy::fingerprint;
+use crate::policy::key::KeyError;
 use crate::runtime::{IdempotentRoute, Runtime};
-use crate::store::RecordKey;
+use crate::store::OwnerToken;
 
 /// What identifying a request found.
 pub enum Identity {
@@ -31,14 +31,8 @@ pub struct Identified {
     pub parts: Parts,
     /// Its whole body.
     pub body: Bytes,
-    /// Its key.
-    pub key: IdempotencyKey,
-    /// Whose key it is.
-    pub scope: Scope,
-    /// What makes it this request.
-    pub fingerprint: Fingerprint,
-    /// The store's name for its key.
-    pub record: RecordKey,
+    /// Who claims its key.
+    pub claimant: Claimant,
 }
 
 /// Reads the key, derives the scope, reads its body (bounded, within the
@@ -65,5 +59,6 @@ pub async fn identify(
         body::read_bounded(&parts.headers, body, policy.max_request_body, route.settings.body_read_timeout).await?;
     let fingerprint = fingerprint::compute(&route.name, &policy.fingerprint, &parts, &body);
     let record = rt.record_key(&route.name, &scope, &key);
-    Ok(Identity::Keyed(Identified { parts, body, key, scope, fingerprint, record }))
+    let claimant = Claimant { record, key, scope, fingerprint, owner: OwnerToken::generate() };
+    Ok(Identity::Keyed(Identified { parts, body, claimant }))
 }

@@ -22,6 +22,9 @@
 //!   route with `[routes.idempotency.reconcile]`; without it, `Unknown` is 502 at once);
 //! - [`answer`]: the first answer, a replay, or what a retry of an unstored answer gets.
 //!
+//! The phases share a [`Handler`] (borrowed, made in `Gateway::handle`) and a `Claimant`
+//! (owned, made by `identify`, moved into the exchange); see `context`.
+//!
 //! A store that fails on the claim gets the route's `on_store_error`: fail-closed refuses,
 //! fail-open goes through `admit` and `forward` all the same, unconfirmed.
 
@@ -36,63 +39,51 @@ mod outcome;
 mod reconcile;
 mod settle;
 
-use std::sync::Arc;
-use std::time::Duration;
-
 use http::{HeaderValue, Request};
 use hyper::body::Incoming;
+use tokio::time::Instant;
 
-use crate::access::Notes;
 use crate::body;
-use crate::connection::Connection;
 use crate::error::GatewayError;
 use crate::metrics::Outcome;
 use crate::policy::StoreFailurePolicy;
 use crate::proxy;
-use crate::runtime::{IdempotentRoute, Runtime};
-use crate::store::{Claim, Lease, OwnerToken, StoreError};
+use crate::store::{Claim, Lease, StoreError};
 
 use self::admit::Claimed;
 pub use self::answer::Served;
-use self::context::Ctx;
+use self::claim::Tried;
+use self::context::Claimant;
+pub use self::context::Handler;
 use self::identify::{Identified, Identity};
 
 /// Serves one request on an idempotent route.
-pub async fn handle(
-    rt: &Arc<Runtime>,
-    route: &Arc<IdempotentRoute>,
-    request: Request<Incoming>,
-    connection: &Arc<Connection>,
-    notes: &mut Notes,
-) -> Result<Served, GatewayError> {
-    let Identified { parts, body, key, scope, fingerprint, record } =
-        match identify::identify(rt, route, request).await? {
-            Identity::Keyed(identified) => identified,
-            Identity::Unkeyed(request) => {
-                let response = proxy::forward(&route.upstream, request.map(body::boxed), connection).await?;
-                return Ok((Outcome::PassedThrough, response));
-            }
-        };
-    notes.record = Some(record.short().to_owned());
-    let owner = OwnerToken::generate();
-    let claim_sent = tokio::time::Instant::now();
-    let mut ctx = Ctx { route, record, key, scope, fingerprint, owner, notes, holder_ran: Duration::ZERO, claim_sent };
+pub async fn handle(mut h: Handler<'_>, request: Request<Incoming>) -> Result<Served, GatewayError> {
+    let (rt, route) = (h.rt, h.route);
+    let Identified { parts, body, claimant } = match identify::identify(rt, route, request).await? {
+        Identity::Keyed(identified) => identified,
+        Identity::Unkeyed(request) => {
+            let response = proxy::forward(&route.upstream, request.map(body::boxed), h.connection).await?;
+            return Ok((Outcome::PassedThrough, response));
+        }
+    };
+    h.notes.record = Some(claimant.record.short().to_owned());
 
-    let mut claimed = traced_claim(rt, &mut ctx).await;
+    let mut tried = traced_claim(&mut h, &claimant).await;
     // An unknown outcome on a route that reconciles: ask the upstream (once per request).
     let mut reconciled = false;
-    if let Ok(Claim::Unknown { .. }) = claimed
+    if let Ok(Claim::Unknown { .. }) = tried.reply
         && route.policy.reconcile.is_some()
     {
         let question = reconcile::Question::new(
             route,
             &parts.headers,
-            &ctx.key,
-            ctx.record.clone(),
-            fingerprint,
-            &connection.peer,
+            &claimant.key,
+            claimant.record.clone(),
+            claimant.fingerprint,
+            &h.connection.peer,
         );
-        let span = ctx.notes.span.as_ref().map(|s| s.child("reconcile"));
+        let span = h.notes.span.as_ref().map(|s| s.child("reconcile"));
         let asked = reconcile::on_retry(rt, route, question).await;
         if let Some(span) = span {
             span.set("idemgate.reconciled", asked.describe());
@@ -120,11 +111,11 @@ pub async fn handle(
             }
             reconcile::Asked::Changed => {
                 reconciled = true;
-                claimed = traced_claim(rt, &mut ctx).await;
+                tried = traced_claim(&mut h, &claimant).await;
             }
         }
     }
-    let claimed = match claimed {
+    let claimed = match tried.reply {
         Ok(Claim::Acquired(lease)) => Claimed::Confirmed(lease),
         Ok(Claim::Completed(stored)) if reconciled => {
             return Ok((Outcome::Replayed, answer::reconciled(stored, &route.policy.replay_header)));
@@ -141,19 +132,19 @@ pub async fn handle(
             return Err(GatewayError::OutcomeUnknown { timed_out: false, settling: reconcile::settling(route, None) });
         }
         Ok(Claim::InFlight { lease_left }) => {
-            let retry_after = claim::retry_after(route, lease_left, ctx.holder_ran);
+            let retry_after = claim::retry_after(route, lease_left, tried.holder_ran);
             return Err(GatewayError::InFlight { retry_after });
         }
         Ok(Claim::Mismatch) => return Err(GatewayError::Mismatch),
-        Err(e) => store_failed(rt, &ctx, e)?,
+        Err(e) => store_failed(&h, &claimant, e, tried.sent)?,
     };
     let confirmed = claimed.is_confirmed();
     if let Some(attempt) = claimed.attempt() {
-        tracing::debug!(route = %route.name, key = ctx.record.short(), attempt, "claimed");
+        tracing::debug!(route = %route.name, key = claimant.record.short(), attempt, "claimed");
     }
 
-    let admitted = admit::admit(rt, &ctx, connection, claimed).await?;
-    let mut response = forward::forward(rt, ctx, admitted, parts, body, &connection.peer).await?;
+    let admitted = admit::admit(&h, &claimant, claimed).await?;
+    let mut response = forward::forward(&mut h, claimant, admitted, parts, body).await?;
     if confirmed {
         return Ok((Outcome::Executed, response));
     }
@@ -163,40 +154,45 @@ pub async fn handle(
 
 /// The claim phase, as a trace shows it: a `claim` span, and a `wait` span for the time a
 /// duplicate waited for the request holding its key. Without tracing, the claim alone.
-async fn traced_claim(rt: &Runtime, ctx: &mut Ctx<'_>) -> Result<Claim, StoreError> {
-    let Some(span) = ctx.notes.span.clone() else { return claim::claim(rt, ctx).await };
-    let waited_before = ctx.notes.wait;
+async fn traced_claim(h: &mut Handler<'_>, claimant: &Claimant) -> Tried {
+    let Some(span) = h.notes.span.clone() else { return claim::claim(h, claimant).await };
+    let waited_before = h.notes.wait;
     let child = span.child("claim");
-    let claimed = claim::claim(rt, ctx).await;
-    let waited = ctx.notes.wait.saturating_sub(waited_before);
+    let tried = claim::claim(h, claimant).await;
+    let waited = h.notes.wait.saturating_sub(waited_before);
     if !waited.is_zero() {
         let end = std::time::SystemTime::now();
         span.child_between("wait", end.checked_sub(waited).unwrap_or(end), end);
     }
-    child.end(claimed.as_ref().err().map(ToString::to_string));
-    claimed
+    child.end(tried.reply.as_ref().err().map(ToString::to_string));
+    tried
 }
 
 /// The claim call failed: the route's `on_store_error` decides. Fail-closed refuses;
 /// fail-open goes on under this request's owner token, unconfirmed: if the claim was made
 /// after all (its reply lost), the exchange settles it and retries replay its answer; if not,
 /// settling finds nothing. A ghost claim never lets a retry run it twice.
-fn store_failed(rt: &Runtime, ctx: &Ctx<'_>, error: StoreError) -> Result<Claimed, GatewayError> {
-    let (route, policy) = (ctx.route, &ctx.route.policy);
+fn store_failed(
+    h: &Handler<'_>,
+    claimant: &Claimant,
+    error: StoreError,
+    sent: Instant,
+) -> Result<Claimed, GatewayError> {
+    let (route, policy) = (h.route, &h.route.policy);
     route.metrics.store_error();
     // The outage itself is logged once by the store (see `store::health`); this request's
     // outcome is in the access line.
-    tracing::debug!(route = %route.name, key = ctx.record.short(), error = %error, "store failed on claim");
+    tracing::debug!(route = %route.name, key = claimant.record.short(), error = %error, "store failed on claim");
     match policy.on_store_error {
         StoreFailurePolicy::FailClosed => {
             // The claim may have been made, its reply lost: release it, or the client's retry
             // would wait out a whole lease.
-            claim::release_ghost(rt, ctx);
+            claim::release_ghost(h.rt, route, claimant);
             Err(GatewayError::StoreUnavailable(error))
         }
         StoreFailurePolicy::FailOpen => {
             let terms = claim::terms(policy);
-            Ok(Claimed::Unconfirmed(Lease::unconfirmed(ctx.record.clone(), ctx.owner, terms, ctx.claim_sent)))
+            Ok(Claimed::Unconfirmed(Lease::unconfirmed(claimant.record.clone(), claimant.owner, terms, sent)))
         }
     }
 }

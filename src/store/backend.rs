@@ -25,9 +25,8 @@ pub struct Backend {
     health: super::health::Health,
     /// Latency of store calls, by call (`claim`, `settle`, ...).
     calls: Family<CallLabel, Histogram>,
-    /// Each call's histogram in `calls`, once it was first used. Looking it up in the family
-    /// at every call took a read lock and a SipHash of the label (450 instructions per call);
-    /// it is the same histogram every time.
+    /// Each call's histogram in `calls`, once it was first used: the same every time, so not
+    /// looked up (a lock and a hash of the label) at every call.
     by_call: [OnceLock<Histogram>; CALLS.len()],
 }
 

@@ -37,8 +37,8 @@ impl RecordKey {
     }
 }
 
-/// `{prefix}{kind}{hash in hex}`, in one allocation of the right size. (`format!` over
-/// `hex::encode` took 3.4k instructions per request: a `char` iterator, then formatting.)
+/// `{prefix}{kind}{hash in hex}`, in one allocation of the right size (`format!` over
+/// `hex::encode` costs a `char` iterator, then formatting).
 fn hashed_name(prefix: &str, kind: &str, hash: &[u8]) -> String {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let mut name = String::with_capacity(prefix.len() + kind.len() + 2 * hash.len());
