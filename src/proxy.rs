@@ -36,7 +36,7 @@ pub async fn pass_through(
     let mut request = request;
     // Traced: the upstream gets the gateway's span as its parent.
     let span = notes.span.as_ref().map(|s| s.upstream(request.headers_mut()));
-    let forwarded = forward(&route.upstream, request.map(body::boxed), connection).await;
+    let forwarded = send(&route.upstream, request.map(body::boxed), connection).await;
     if let Some(span) = span {
         match &forwarded {
             Ok(response) => {
@@ -54,7 +54,7 @@ pub async fn pass_through(
 }
 
 /// Forwards `request` to `upstream` and relays the response.
-pub async fn forward(
+pub async fn send(
     upstream: &Upstream,
     mut request: Request<Body>,
     connection: &Arc<Connection>,

@@ -7,13 +7,15 @@ use std::sync::Arc;
 
 use tokio::sync::OwnedSemaphorePermit;
 
-use super::claim::{self, Unadmitted};
+use super::context::Claimed;
 use super::context::{Claimant, Handler};
+use super::settle;
 use crate::connection::{Connection, ConnectionSlot};
 use crate::error::GatewayError;
+use crate::metrics::ReleaseReason;
 use crate::policy::scope::Scope;
-use crate::runtime::{IdempotentRoute, Runtime};
-use crate::store::{Lease, Quota, QuotaKey};
+use crate::runtime::{IdempotentRoute, Route, Runtime};
+use crate::store::{Lease, Lifecycle, Quota, QuotaKey, Sent};
 
 /// A claim cleared to go upstream.
 #[derive(Debug)]
@@ -22,46 +24,6 @@ pub struct Admitted {
     pub claimed: Claimed,
     /// Its places under the limits, held until the exchange ends.
     pub slots: Slots,
-}
-
-/// The claim an exchange runs under.
-#[derive(Debug)]
-pub enum Claimed {
-    /// The store made it: the lease, with its attempt number.
-    Confirmed(Lease),
-    /// The claim call failed and the route fails open: the claim may exist under this
-    /// request's owner token (its reply was lost) or not at all. The exchange settles it if it
-    /// does; it announces no attempt, and a lease found lost is no takeover.
-    Unconfirmed(Lease),
-}
-
-impl Claimed {
-    /// The lease, confirmed or not.
-    pub fn lease(&self) -> &Lease {
-        match self {
-            Self::Confirmed(lease) | Self::Unconfirmed(lease) => lease,
-        }
-    }
-
-    /// The attempt the upstream is told: the store's count, when it confirmed the claim.
-    pub fn attempt(&self) -> Option<u32> {
-        match self {
-            Self::Confirmed(lease) => Some(lease.attempt()),
-            Self::Unconfirmed(_) => None,
-        }
-    }
-
-    /// Whether the store confirmed the claim.
-    pub fn is_confirmed(&self) -> bool {
-        matches!(self, Self::Confirmed(_))
-    }
-
-    /// The lease, to be settled or released.
-    pub fn into_lease(self) -> Lease {
-        match self {
-            Self::Confirmed(lease) | Self::Unconfirmed(lease) => lease,
-        }
-    }
 }
 
 /// An exchange's places under the global and the per-connection limits, held until it ends
@@ -93,7 +55,7 @@ pub async fn admit(h: &Handler<'_>, claimant: &Claimant, claimed: Claimed) -> Re
             Some(exceeded) => exceeded,
         },
     };
-    claim::release_unsent(rt, route, held).await;
+    release_unsent(rt, route, held).await;
     Err(refused)
 }
 
@@ -121,6 +83,50 @@ async fn new_key_budget(rt: &Runtime, route: &IdempotentRoute, scope: &Scope, le
             route.metrics.store_error();
             tracing::debug!(route = %route.name, error = %e, "cannot count a new key; letting it through");
             None
+        }
+    }
+}
+
+/// Releases a claim that was never forwarded (its attempt number is given back).
+async fn release_unsent(rt: &Runtime, route: &Route, held: Unadmitted<'_>) {
+    route.metrics.released(ReleaseReason::NotSent);
+    let (key, owner, ttl) = held.take().into_release();
+    if let Err(e) = rt.store.release(&key, owner, Sent::No, ttl).await {
+        tracing::debug!(key = key.short(), error = %e, "cannot release a claim that was not forwarded; it expires with its lease");
+    }
+}
+
+/// A lease between its claim and its exchange. Dropped while still holding it (the handler's
+/// future was dropped at an await in between), it releases the claim in the background, as
+/// never forwarded.
+struct Unadmitted<'a> {
+    rt: &'a Runtime,
+    lease: Option<Lease>,
+}
+
+impl<'a> Unadmitted<'a> {
+    /// Holds `lease` for the handler.
+    fn new(rt: &'a Runtime, lease: Lease) -> Self {
+        Self { rt, lease: Some(lease) }
+    }
+
+    /// The lease held.
+    fn lease(&self) -> &Lease {
+        // Present until `take`, which consumes the guard.
+        self.lease.as_ref().unwrap_or_else(|| unreachable!("an Unadmitted guard always holds its lease until take"))
+    }
+
+    /// Hands the lease on (to an exchange, or to an explicit release).
+    fn take(mut self) -> Lease {
+        self.lease.take().unwrap_or_else(|| unreachable!("an Unadmitted guard always holds its lease until take"))
+    }
+}
+
+impl Drop for Unadmitted<'_> {
+    fn drop(&mut self) {
+        if let Some(lease) = self.lease.take() {
+            let (key, owner, ttl) = lease.into_release();
+            settle::release_in_background(self.rt, key, owner, ttl);
         }
     }
 }

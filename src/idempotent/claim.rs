@@ -9,24 +9,21 @@
 //! So the owner token is made before the call, and a claim whose outcome is unknown is
 //! released by that owner in the background (owner-checked, so a claim that was never made,
 //! or that is someone else's, is left alone), with a bounded number of retries. The fail-open
-//! path instead settles under the same token (see `handle`). A claim that was made but is
-//! refused before it is sent ([`Unadmitted`], see `admit`) is given back the same way.
+//! path instead settles under the same token (see [`store_failed`]). A claim that was made but
+//! is refused before it is sent (`admit`'s `Unadmitted`) is given back the same way.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::context::Claimed;
 use super::context::{Claimant, Handler};
+use super::settle;
+use crate::error::GatewayError;
 use crate::metrics::{GaugeHold, ReleaseReason};
-use crate::policy::IdempotencyPolicy;
+use crate::policy::{IdempotencyPolicy, StoreFailurePolicy};
 use crate::runtime::{IdempotentRoute, Route, Runtime};
-use crate::store::{Claim, Lease, Lifecycle, OwnerToken, RecordKey, Sent, Settled, StoreError, Terms, Watch};
-
-/// How often, and how far apart, a ghost release is tried before it is left to the lease.
-const GHOST_TRIES: u32 = 5;
-const GHOST_BACKOFF: Duration = Duration::from_millis(200);
-/// How long after finding nothing to release a ghost release looks once more.
-const GHOST_RECHECK: Duration = Duration::from_secs(1);
+use crate::store::{Claim, Lease, Lifecycle, OwnerToken, RecordKey, StoreError, Terms, Watch};
 
 /// Claims the key; while another request holds it, waits up to the route's `wait` for it to
 /// settle. The wait sleeps on a [`Watch`] (woken when the holder settles or releases, or when
@@ -153,6 +150,51 @@ async fn claim_or_wait(
     }
 }
 
+/// The claim phase, as a trace shows it: a `claim` span, and a `wait` span for the time a
+/// duplicate waited for the request holding its key. Without tracing, the claim alone.
+pub async fn traced(h: &mut Handler<'_>, claimant: &Claimant) -> Tried {
+    let Some(span) = h.notes.span.clone() else { return claim(h, claimant).await };
+    let waited_before = h.notes.wait;
+    let child = span.child("claim");
+    let tried = claim(h, claimant).await;
+    let waited = h.notes.wait.saturating_sub(waited_before);
+    if !waited.is_zero() {
+        let end = std::time::SystemTime::now();
+        span.child_between("wait", end.checked_sub(waited).unwrap_or(end), end);
+    }
+    child.end(tried.reply.as_ref().err().map(ToString::to_string));
+    tried
+}
+
+/// The claim call failed: the route's `on_store_error` decides. Fail-closed refuses;
+/// fail-open goes on under this request's owner token, unconfirmed: if the claim was made
+/// after all (its reply lost), the exchange settles it and retries replay its answer; if not,
+/// settling finds nothing. A ghost claim never lets a retry run it twice.
+pub fn store_failed(
+    h: &Handler<'_>,
+    claimant: &Claimant,
+    error: StoreError,
+    sent: Instant,
+) -> Result<Claimed, GatewayError> {
+    let (route, policy) = (h.route, &h.route.policy);
+    route.metrics.store_error();
+    // The outage itself is logged once by the store (see `store::health`); this request's
+    // outcome is in the access line.
+    tracing::debug!(route = %route.name, key = claimant.record.short(), error = %error, "store failed on claim");
+    match policy.on_store_error {
+        StoreFailurePolicy::FailClosed => {
+            // The claim may have been made, its reply lost: release it, or the client's retry
+            // would wait out a whole lease.
+            release_ghost(h.rt, route, claimant);
+            Err(GatewayError::StoreUnavailable(error))
+        }
+        StoreFailurePolicy::FailOpen => {
+            let terms = terms(policy);
+            Ok(Claimed::Unconfirmed(Lease::unconfirmed(claimant.record.clone(), claimant.owner, terms, sent)))
+        }
+    }
+}
+
 /// The `Retry-After` of a duplicate that found the key still in flight after its wait: when
 /// the holder's lease ends at the latest (`lease_left`), or sooner when the route's upstream
 /// usually answers sooner — its p90 answer time less the time the holder has already run
@@ -167,79 +209,7 @@ pub fn retry_after(route: &Route, lease_left: Duration, holder_ran: Duration) ->
 /// without a reply.
 pub fn release_ghost(rt: &Runtime, route: &IdempotentRoute, claimant: &Claimant) {
     route.metrics.released(ReleaseReason::Ghost);
-    spawn_release(rt, claimant.record.clone(), claimant.owner, route.policy.in_progress_ttl());
-}
-
-/// Releases a claim that was never forwarded (its attempt number is given back).
-pub async fn release_unsent(rt: &Runtime, route: &Route, held: Unadmitted<'_>) {
-    route.metrics.released(ReleaseReason::NotSent);
-    let (key, owner, ttl) = held.take().into_release();
-    if let Err(e) = rt.store.release(&key, owner, Sent::No, ttl).await {
-        tracing::debug!(key = key.short(), error = %e, "cannot release a claim that was not forwarded; it expires with its lease");
-    }
-}
-
-fn spawn_release(rt: &Runtime, record: RecordKey, owner: OwnerToken, ttl: Duration) {
-    // Without a runtime (the process is exiting) the claim is left to its lease.
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
-    let store = std::sync::Arc::clone(&rt.store);
-    rt.exchanges.spawn_on(
-        async move {
-            for attempt in 1..=GHOST_TRIES {
-                match store.release(&record, owner, Sent::No, ttl).await {
-                    Ok(Settled::Done) => {
-                        tracing::info!(key = record.short(), "released a claim whose reply was lost");
-                        return;
-                    }
-                    // Never made, or no longer ours: nothing to release. The claim travels on
-                    // another connection than this release, so it may still land: one more
-                    // look after a pause catches a claim that arrives late.
-                    Ok(Settled::Lost) if attempt == 1 => tokio::time::sleep(GHOST_RECHECK).await,
-                    Ok(Settled::Lost) => return,
-                    Err(e) if attempt == GHOST_TRIES => {
-                        tracing::debug!(key = record.short(), error = %e, "cannot release a claim whose reply was lost; it expires with its lease");
-                    }
-                    Err(_) => tokio::time::sleep(GHOST_BACKOFF * attempt).await,
-                }
-            }
-        },
-        &runtime,
-    );
-}
-
-/// A lease between its claim and its exchange. Dropped while still holding it (the handler's
-/// future was dropped at an await in between), it releases the claim in the background, as
-/// never forwarded.
-pub struct Unadmitted<'a> {
-    rt: &'a Runtime,
-    lease: Option<Lease>,
-}
-
-impl<'a> Unadmitted<'a> {
-    /// Holds `lease` for the handler.
-    pub fn new(rt: &'a Runtime, lease: Lease) -> Self {
-        Self { rt, lease: Some(lease) }
-    }
-
-    /// The lease held.
-    pub fn lease(&self) -> &Lease {
-        // Present until `take`, which consumes the guard.
-        self.lease.as_ref().unwrap_or_else(|| unreachable!("an Unadmitted guard always holds its lease until take"))
-    }
-
-    /// Hands the lease on (to an exchange, or to an explicit release).
-    pub fn take(mut self) -> Lease {
-        self.lease.take().unwrap_or_else(|| unreachable!("an Unadmitted guard always holds its lease until take"))
-    }
-}
-
-impl Drop for Unadmitted<'_> {
-    fn drop(&mut self) {
-        if let Some(lease) = self.lease.take() {
-            let (key, owner, ttl) = lease.into_release();
-            spawn_release(self.rt, key, owner, ttl);
-        }
-    }
+    settle::release_in_background(rt, claimant.record.clone(), claimant.owner, route.policy.in_progress_ttl());
 }
 
 /// A claim call in flight; dropped while armed (its future was dropped mid-call), it releases
@@ -255,7 +225,7 @@ struct Ghost<'a> {
 impl Drop for Ghost<'_> {
     fn drop(&mut self) {
         if self.armed {
-            spawn_release(self.rt, self.record.clone(), self.owner, self.ttl);
+            settle::release_in_background(self.rt, self.record.clone(), self.owner, self.ttl);
         }
     }
 }

@@ -17,7 +17,8 @@
 //! - [`claim`]: taking the key, or waiting out the request that holds it; never a ghost;
 //! - [`admit`]: room for one more exchange and the caller's budget of new keys;
 //! - [`forward`]: the exchange with the upstream, in a task of its own that outlives the client;
-//! - [`settle`]: every store write after the claim (renew, settle, release);
+//! - [`settle`]: every store write after the claim (renew, settle, release, and the release in
+//!   the background of a claim whose request is gone);
 //! - [`reconcile`]: asking the upstream what became of a request whose answer was lost (on a
 //!   route with `[routes.idempotency.reconcile]`; without it, `Unknown` is 502 at once);
 //! - [`answer`]: the first answer, a replay, or what a retry of an unstored answer gets.
@@ -41,19 +42,15 @@ mod settle;
 
 use http::{HeaderValue, Request};
 use hyper::body::Incoming;
-use tokio::time::Instant;
 
 use crate::body;
 use crate::error::GatewayError;
 use crate::metrics::Outcome;
-use crate::policy::StoreFailurePolicy;
 use crate::proxy;
-use crate::store::{Claim, Lease, StoreError};
+use crate::store::Claim;
 
-use self::admit::Claimed;
 pub use self::answer::Served;
-use self::claim::Tried;
-use self::context::Claimant;
+use self::context::Claimed;
 pub use self::context::Handler;
 use self::identify::{Identified, Identity};
 
@@ -63,13 +60,13 @@ pub async fn handle(mut h: Handler<'_>, request: Request<Incoming>) -> Result<Se
     let Identified { parts, body, claimant } = match identify::identify(rt, route, request).await? {
         Identity::Keyed(identified) => identified,
         Identity::Unkeyed(request) => {
-            let response = proxy::forward(&route.upstream, request.map(body::boxed), h.connection).await?;
+            let response = proxy::send(&route.upstream, request.map(body::boxed), h.connection).await?;
             return Ok((Outcome::PassedThrough, response));
         }
     };
     h.notes.record = Some(claimant.record.short().to_owned());
 
-    let mut tried = traced_claim(&mut h, &claimant).await;
+    let mut tried = claim::traced(&mut h, &claimant).await;
     // An unknown outcome on a route that reconciles: ask the upstream (once per request).
     let mut reconciled = false;
     if let Ok(Claim::Unknown { .. }) = tried.reply
@@ -111,12 +108,17 @@ pub async fn handle(mut h: Handler<'_>, request: Request<Incoming>) -> Result<Se
             }
             reconcile::Asked::Changed => {
                 reconciled = true;
-                tried = traced_claim(&mut h, &claimant).await;
+                tried = claim::traced(&mut h, &claimant).await;
             }
         }
     }
     let claimed = match tried.reply {
         Ok(Claim::Acquired(lease)) => Claimed::Confirmed(lease),
+        Ok(Claim::InFlight { lease_left }) => {
+            let retry_after = claim::retry_after(route, lease_left, tried.holder_ran);
+            return Err(GatewayError::InFlight { retry_after });
+        }
+        Err(e) => claim::store_failed(&h, &claimant, e, tried.sent)?,
         Ok(Claim::Completed(stored)) if reconciled => {
             return Ok((Outcome::Replayed, answer::reconciled(stored, &route.policy.replay_header)));
         }
@@ -131,12 +133,7 @@ pub async fn handle(mut h: Handler<'_>, request: Request<Incoming>) -> Result<Se
         Ok(Claim::Unknown { .. }) => {
             return Err(GatewayError::OutcomeUnknown { timed_out: false, settling: reconcile::settling(route, None) });
         }
-        Ok(Claim::InFlight { lease_left }) => {
-            let retry_after = claim::retry_after(route, lease_left, tried.holder_ran);
-            return Err(GatewayError::InFlight { retry_after });
-        }
         Ok(Claim::Mismatch) => return Err(GatewayError::Mismatch),
-        Err(e) => store_failed(&h, &claimant, e, tried.sent)?,
     };
     let confirmed = claimed.is_confirmed();
     if let Some(attempt) = claimed.attempt() {
@@ -150,49 +147,4 @@ pub async fn handle(mut h: Handler<'_>, request: Request<Incoming>) -> Result<Se
     }
     response.headers_mut().insert(answer::STATUS_HEADER, HeaderValue::from_static("bypassed"));
     Ok((Outcome::Bypassed, response))
-}
-
-/// The claim phase, as a trace shows it: a `claim` span, and a `wait` span for the time a
-/// duplicate waited for the request holding its key. Without tracing, the claim alone.
-async fn traced_claim(h: &mut Handler<'_>, claimant: &Claimant) -> Tried {
-    let Some(span) = h.notes.span.clone() else { return claim::claim(h, claimant).await };
-    let waited_before = h.notes.wait;
-    let child = span.child("claim");
-    let tried = claim::claim(h, claimant).await;
-    let waited = h.notes.wait.saturating_sub(waited_before);
-    if !waited.is_zero() {
-        let end = std::time::SystemTime::now();
-        span.child_between("wait", end.checked_sub(waited).unwrap_or(end), end);
-    }
-    child.end(tried.reply.as_ref().err().map(ToString::to_string));
-    tried
-}
-
-/// The claim call failed: the route's `on_store_error` decides. Fail-closed refuses;
-/// fail-open goes on under this request's owner token, unconfirmed: if the claim was made
-/// after all (its reply lost), the exchange settles it and retries replay its answer; if not,
-/// settling finds nothing. A ghost claim never lets a retry run it twice.
-fn store_failed(
-    h: &Handler<'_>,
-    claimant: &Claimant,
-    error: StoreError,
-    sent: Instant,
-) -> Result<Claimed, GatewayError> {
-    let (route, policy) = (h.route, &h.route.policy);
-    route.metrics.store_error();
-    // The outage itself is logged once by the store (see `store::health`); this request's
-    // outcome is in the access line.
-    tracing::debug!(route = %route.name, key = claimant.record.short(), error = %error, "store failed on claim");
-    match policy.on_store_error {
-        StoreFailurePolicy::FailClosed => {
-            // The claim may have been made, its reply lost: release it, or the client's retry
-            // would wait out a whole lease.
-            claim::release_ghost(h.rt, route, claimant);
-            Err(GatewayError::StoreUnavailable(error))
-        }
-        StoreFailurePolicy::FailOpen => {
-            let terms = claim::terms(policy);
-            Ok(Claimed::Unconfirmed(Lease::unconfirmed(claimant.record.clone(), claimant.owner, terms, sent)))
-        }
-    }
 }

@@ -33,11 +33,11 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::admit::Claimed;
+use super::context::Claimed;
 use crate::metrics::ReleaseReason;
 use crate::policy::UnknownOutcomePolicy;
-use crate::runtime::IdempotentRoute;
-use crate::store::{Backend, Final, Lease, Lifecycle, Renewal, Sent, Settled, StoreError};
+use crate::runtime::{IdempotentRoute, Runtime};
+use crate::store::{Backend, Final, Lease, Lifecycle, OwnerToken, RecordKey, Renewal, Sent, Settled, StoreError};
 
 /// Keeps a lease until it ends: renews it while the call runs, then settles or releases it;
 /// the store calls, their logs and counters.
@@ -229,3 +229,39 @@ impl<'a> Keeper<'a> {
 /// The first pause between two tries of a write after the claim, doubling up to the second.
 const BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+/// How often, and how far apart, a background release is tried before it is left to the lease.
+const GHOST_TRIES: u32 = 5;
+const GHOST_BACKOFF: Duration = Duration::from_millis(200);
+/// How long after finding nothing to release a background release looks once more.
+const GHOST_RECHECK: Duration = Duration::from_secs(1);
+
+/// Releases `record`'s claim by `owner` in the background, as never forwarded, with a bounded
+/// number of tries (see `claim` for why a claim may need it).
+pub fn release_in_background(rt: &Runtime, record: RecordKey, owner: OwnerToken, ttl: Duration) {
+    // Without a runtime (the process is exiting) the claim is left to its lease.
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+    let store = std::sync::Arc::clone(&rt.store);
+    rt.exchanges.spawn_on(
+        async move {
+            for attempt in 1..=GHOST_TRIES {
+                match store.release(&record, owner, Sent::No, ttl).await {
+                    Ok(Settled::Done) => {
+                        tracing::info!(key = record.short(), "released a claim whose reply was lost");
+                        return;
+                    }
+                    // Never made, or no longer ours: nothing to release. The claim travels on
+                    // another connection than this release, so it may still land: one more
+                    // look after a pause catches a claim that arrives late.
+                    Ok(Settled::Lost) if attempt == 1 => tokio::time::sleep(GHOST_RECHECK).await,
+                    Ok(Settled::Lost) => return,
+                    Err(e) if attempt == GHOST_TRIES => {
+                        tracing::debug!(key = record.short(), error = %e, "cannot release a claim whose reply was lost; it expires with its lease");
+                    }
+                    Err(_) => tokio::time::sleep(GHOST_BACKOFF * attempt).await,
+                }
+            }
+        },
+        &runtime,
+    );
+}
