@@ -10,7 +10,7 @@
 //! released by that owner in the background (owner-checked, so a claim that was never made,
 //! or that is someone else's, is left alone), with a bounded number of retries. The fail-open
 //! path instead settles under the same token (see [`store_failed`]). A claim that was made but
-//! is refused before it is sent (`admit`'s `Unadmitted`) is given back the same way.
+//! is refused before it is sent (`settle::Unadmitted`, held by `admit`) is given back the same way.
 
 use std::time::Duration;
 
@@ -18,12 +18,11 @@ use tokio::time::Instant;
 
 use super::context::Claimed;
 use super::context::{Claimant, Handler};
-use super::settle;
 use crate::error::GatewayError;
 use crate::metrics::{GaugeHold, ReleaseReason};
 use crate::policy::{IdempotencyPolicy, StoreFailurePolicy};
 use crate::runtime::{IdempotentRoute, Route, Runtime};
-use crate::store::{Claim, Lease, Lifecycle, OwnerToken, RecordKey, StoreError, Terms, Watch};
+use crate::store::{Claim, Lease, Lifecycle, OwnerToken, RecordKey, Sent, Settled, StoreError, Terms, Watch};
 
 /// Claims the key; while another request holds it, waits up to the route's `wait` for it to
 /// settle. The wait sleeps on a [`Watch`] (woken when the holder settles or releases, or when
@@ -209,7 +208,7 @@ pub fn retry_after(route: &Route, lease_left: Duration, holder_ran: Duration) ->
 /// without a reply.
 pub fn release_ghost(rt: &Runtime, route: &IdempotentRoute, claimant: &Claimant) {
     route.metrics.released(ReleaseReason::Ghost);
-    settle::release_in_background(rt, claimant.record.clone(), claimant.owner, route.policy.in_progress_ttl());
+    release_in_background(rt, claimant.record.clone(), claimant.owner, route.policy.in_progress_ttl());
 }
 
 /// A claim call in flight; dropped while armed (its future was dropped mid-call), it releases
@@ -225,7 +224,43 @@ struct Ghost<'a> {
 impl Drop for Ghost<'_> {
     fn drop(&mut self) {
         if self.armed {
-            settle::release_in_background(self.rt, self.record.clone(), self.owner, self.ttl);
+            release_in_background(self.rt, self.record.clone(), self.owner, self.ttl);
         }
     }
+}
+
+/// How often, and how far apart, a ghost release is tried before it is left to the lease.
+const GHOST_TRIES: u32 = 5;
+const GHOST_BACKOFF: Duration = Duration::from_millis(200);
+/// How long after finding nothing to release a background release looks once more.
+const GHOST_RECHECK: Duration = Duration::from_secs(1);
+
+/// Releases `record`'s claim by `owner` in the background, as never forwarded, with a bounded
+/// number of tries (see `claim` for why a claim may need it).
+pub fn release_in_background(rt: &Runtime, record: RecordKey, owner: OwnerToken, ttl: Duration) {
+    // Without a runtime (the process is exiting) the claim is left to its lease.
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+    let store = std::sync::Arc::clone(&rt.store);
+    rt.exchanges.spawn_on(
+        async move {
+            for attempt in 1..=GHOST_TRIES {
+                match store.release(&record, owner, Sent::No, ttl).await {
+                    Ok(Settled::Done) => {
+                        tracing::info!(key = record.short(), "released a claim whose reply was lost");
+                        return;
+                    }
+                    // Never made, or no longer ours: nothing to release. The claim travels on
+                    // another connection than this release, so it may still land: one more
+                    // look after a pause catches a claim that arrives late.
+                    Ok(Settled::Lost) if attempt == 1 => tokio::time::sleep(GHOST_RECHECK).await,
+                    Ok(Settled::Lost) => return,
+                    Err(e) if attempt == GHOST_TRIES => {
+                        tracing::debug!(key = record.short(), error = %e, "cannot release a claim whose reply was lost; it expires with its lease");
+                    }
+                    Err(_) => tokio::time::sleep(GHOST_BACKOFF * attempt).await,
+                }
+            }
+        },
+        &runtime,
+    );
 }

@@ -33,11 +33,12 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::claim;
 use super::context::Claimed;
 use crate::metrics::ReleaseReason;
 use crate::policy::UnknownOutcomePolicy;
-use crate::runtime::{IdempotentRoute, Runtime};
-use crate::store::{Backend, Final, Lease, Lifecycle, OwnerToken, RecordKey, Renewal, Sent, Settled, StoreError};
+use crate::runtime::{IdempotentRoute, Route, Runtime};
+use crate::store::{Backend, Final, Lease, Lifecycle, Renewal, Sent, Settled, StoreError};
 
 /// Keeps a lease until it ends: renews it while the call runs, then settles or releases it;
 /// the store calls, their logs and counters.
@@ -230,38 +231,40 @@ impl<'a> Keeper<'a> {
 const BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
-/// How often, and how far apart, a background release is tried before it is left to the lease.
-const GHOST_TRIES: u32 = 5;
-const GHOST_BACKOFF: Duration = Duration::from_millis(200);
-/// How long after finding nothing to release a background release looks once more.
-const GHOST_RECHECK: Duration = Duration::from_secs(1);
+/// Releases a claim that was never forwarded (its attempt number is given back).
+pub async fn release_unsent(rt: &Runtime, route: &Route, held: Unadmitted<'_>) {
+    route.metrics.released(ReleaseReason::NotSent);
+    let (key, owner, ttl) = held.take().into_release();
+    if let Err(e) = rt.store.release(&key, owner, Sent::No, ttl).await {
+        tracing::debug!(key = key.short(), error = %e, "cannot release a claim that was not forwarded; it expires with its lease");
+    }
+}
 
-/// Releases `record`'s claim by `owner` in the background, as never forwarded, with a bounded
-/// number of tries (see `claim` for why a claim may need it).
-pub fn release_in_background(rt: &Runtime, record: RecordKey, owner: OwnerToken, ttl: Duration) {
-    // Without a runtime (the process is exiting) the claim is left to its lease.
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
-    let store = std::sync::Arc::clone(&rt.store);
-    rt.exchanges.spawn_on(
-        async move {
-            for attempt in 1..=GHOST_TRIES {
-                match store.release(&record, owner, Sent::No, ttl).await {
-                    Ok(Settled::Done) => {
-                        tracing::info!(key = record.short(), "released a claim whose reply was lost");
-                        return;
-                    }
-                    // Never made, or no longer ours: nothing to release. The claim travels on
-                    // another connection than this release, so it may still land: one more
-                    // look after a pause catches a claim that arrives late.
-                    Ok(Settled::Lost) if attempt == 1 => tokio::time::sleep(GHOST_RECHECK).await,
-                    Ok(Settled::Lost) => return,
-                    Err(e) if attempt == GHOST_TRIES => {
-                        tracing::debug!(key = record.short(), error = %e, "cannot release a claim whose reply was lost; it expires with its lease");
-                    }
-                    Err(_) => tokio::time::sleep(GHOST_BACKOFF * attempt).await,
-                }
-            }
-        },
-        &runtime,
-    );
+/// A lease between its claim and its exchange. Dropped while still holding it (the handler's
+/// future was dropped at an await in between), it releases the claim in the background, as
+/// never forwarded.
+pub struct Unadmitted<'a> {
+    rt: &'a Runtime,
+    lease: Option<Lease>,
+}
+
+impl<'a> Unadmitted<'a> {
+    /// Holds `lease` for the handler.
+    pub fn new(rt: &'a Runtime, lease: Lease) -> Self {
+        Self { rt, lease: Some(lease) }
+    }
+
+    /// Hands the lease on (to an exchange, or to an explicit release).
+    pub fn take(mut self) -> Lease {
+        self.lease.take().unwrap_or_else(|| unreachable!("an Unadmitted guard always holds its lease until take"))
+    }
+}
+
+impl Drop for Unadmitted<'_> {
+    fn drop(&mut self) {
+        if let Some(lease) = self.lease.take() {
+            let (key, owner, ttl) = lease.into_release();
+            claim::release_in_background(self.rt, key, owner, ttl);
+        }
+    }
 }
