@@ -24,10 +24,10 @@ use crate::config::{Config, RouteConfig};
 use crate::connection::Connection;
 use crate::error::GatewayError;
 use crate::idempotent;
-use crate::metrics::{Metrics, Outcome};
+use crate::metrics::{Metrics, Outcome, Produces};
 use crate::path;
-use crate::policy::IdempotencyPolicy;
 use crate::policy::errors::ErrorShape;
+use crate::policy::{IdempotencyPolicy, StoreFailurePolicy};
 use crate::proxy;
 use crate::router::{RouteSpec, Router, RouterError};
 use crate::runtime::{IdempotentRoute, RequestSettings, Route, Routed, Runtime};
@@ -58,6 +58,17 @@ pub enum SetupError {
         /// The upstream it names.
         upstream: String,
     },
+}
+
+/// What a route with `policy` (none: a plain route) can count.
+fn produces(policy: Option<&IdempotencyPolicy>) -> Produces {
+    policy.map_or(Produces::PLAIN, |p| Produces {
+        idempotent: true,
+        keyless: !p.required,
+        quota: p.max_new_keys.is_some(),
+        fail_open: p.on_store_error == StoreFailurePolicy::FailOpen,
+        reconciles: p.reconcile.is_some(),
+    })
 }
 
 /// Everything the request path needs, shared by all connections.
@@ -116,7 +127,7 @@ impl Gateway {
             let route = Route {
                 name: r.name.clone(),
                 upstream,
-                metrics: runtime.metrics.route(&r.name),
+                metrics: runtime.metrics.route(&r.name, produces(r.idempotency.as_deref())),
                 errors: Arc::clone(&r.errors),
             };
             routes.push(match &r.idempotency {

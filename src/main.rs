@@ -1,5 +1,6 @@
-//! The `idemgate` command: serve a config, check one, or look after keys through a running
-//! gateway's admin listener (`idemgate keys`).
+//! The `idemgate` command: serve a config (no command), check one, print its policy, or look
+//! after keys through a running gateway's admin listener (`idemgate keys`). Each command
+//! offers only the options it uses.
 //!
 //! The binary is the only place that reads the environment: the log filter (`RUST_LOG`) here,
 //! the admin token and a caller's scope in `cli/keys/`.
@@ -8,7 +9,7 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand};
 use idemgate::config::{Config, LogFormat};
 use idemgate::log_writer::AccessFormat;
 use idemgate::{Live, Server, Upstream};
@@ -20,46 +21,95 @@ mod keys;
 
 /// An idempotency gateway: a reverse proxy that runs each keyed request upstream once.
 #[derive(Parser)]
-#[command(version, about)]
+#[command(version, about, after_help = SERVE_HELP)]
 struct Cli {
-    /// Path of the configuration file.
-    #[arg(long, short, global = true, default_value = "gateway.toml")]
-    config: PathBuf,
+    /// Path of the configuration file to serve [default: gateway.toml].
+    #[arg(long, short, value_name = "PATH")]
+    config: Option<PathBuf>,
     /// Log lines as JSON (one object per line) or for people; overrides `server.log_format`.
-    #[arg(long, value_enum, global = true)]
+    #[arg(long, value_enum)]
     log_format: Option<LogFormat>,
     #[command(subcommand)]
     command: Option<Command>,
 }
 
+const SERVE_HELP: &str = "\
+Without a command, idemgate serves the configuration file until SIGTERM or SIGINT, which
+finish the requests in flight first (server.shutdown_grace; a second signal stops at once).
+SIGHUP, or POST /reload on the admin listener, reloads the file without a restart: a bad file
+is logged and the running configuration stays.
+
+Examples:
+  idemgate --config gateway.toml            serve
+  idemgate check --config gateway.toml      validate a file, as before a reload
+  idemgate keys list --config gateway.toml --route create-order";
+
+/// The file a command reads.
+#[derive(Args)]
+struct FileArgs {
+    /// Path of the configuration file [default: gateway.toml].
+    #[arg(long, short, value_name = "PATH")]
+    config: Option<PathBuf>,
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Validate the configuration and exit: 0 when valid, 1 with every problem listed.
-    Check,
+    Check(FileArgs),
     /// Print the idempotency policy of every route as Markdown, for the API's clients.
-    Policy,
+    Policy(FileArgs),
     /// List, show, resolve or release idempotency records through the admin listener.
     Keys(keys::KeysArgs),
 }
 
+/// The configuration file when none is named.
+const DEFAULT_CONFIG: &str = "gateway.toml";
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // `--config` before a command names that command's file, as it always has.
+    let file = |own: Option<PathBuf>| own.or_else(|| cli.config.clone()).unwrap_or_else(|| DEFAULT_CONFIG.into());
     match cli.command {
-        Some(Command::Check) => check(&cli.config),
-        Some(Command::Policy) => match Config::load(&cli.config) {
-            Ok(config) => {
-                print!("{}", idemgate::policy_markdown(&config.routes));
-                ExitCode::SUCCESS
+        Some(Command::Check(args)) => {
+            if cli.log_format.is_some() {
+                refuse("check", "prints what it finds and logs nothing: --log-format is for serving");
             }
-            Err(e) => {
-                eprintln!("{e}");
-                ExitCode::FAILURE
+            check(&file(args.config))
+        }
+        Some(Command::Policy(args)) => {
+            if cli.log_format.is_some() {
+                refuse("policy", "prints Markdown and logs nothing: --log-format is for serving");
             }
-        },
-        // The admin listener is the source of truth here: no configuration file is read.
-        Some(Command::Keys(args)) => keys::run(args),
-        None => serve(&cli.config, cli.log_format),
+            match Config::load(&file(args.config)) {
+                Ok(config) => {
+                    print!("{}", idemgate::policy_markdown(&config.routes));
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("{e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        // The admin listener is the source of truth here: no configuration file is read
+        // unless the action names one (`keys list --config FILE`).
+        Some(Command::Keys(args)) => {
+            if cli.config.is_some() || cli.log_format.is_some() {
+                refuse(
+                    "keys",
+                    "reads no configuration file unless its action names one (idemgate keys list --config FILE), \
+                     and logs nothing: give neither --config nor --log-format before it",
+                );
+            }
+            keys::run(args)
+        }
+        None => serve(&file(None), cli.log_format),
     }
+}
+
+/// Ends the process with clap's usage error (exit 2): `command` does not take an option given.
+fn refuse(command: &str, why: &str) -> ! {
+    Cli::command().error(clap::error::ErrorKind::ArgumentConflict, format!("{command} {why}")).exit()
 }
 
 /// Starts logging to stderr: JSON lines, or text (coloured only on a terminal). The filter
@@ -184,7 +234,8 @@ fn serve(path: &std::path::Path, log_format: Option<LogFormat>) -> ExitCode {
             }
         };
         let admin = server.admin_addr().map_or_else(|| "none".to_owned(), |a| a.to_string());
-        tracing::info!(listen = %server.local_addr(), %admin, store = server.gateway().runtime().store.kind(), "idemgate serving");
+        let store = server.gateway().runtime().store.describe();
+        tracing::info!(listen = %server.local_addr(), %admin, %store, "idemgate serving");
         // One machine-readable line on stdout: scripts that start the gateway on port 0 read
         // the addresses it got from here instead of guessing a free port beforehand.
         println!("idemgate listening proxy={} admin={admin}", server.local_addr());

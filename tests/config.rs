@@ -348,8 +348,8 @@ fn check_finds_every_problem_of_a_file_in_one_run() {
         (
             "[routes.idempotency]\nmax_key_len = \"long\"\nretention = 5\nscope = \"everyone\"\nreplay_header = \"bad header\"",
             &[
-                ("routes[0].idempotency.max_key_len", "invalid type"),
-                ("routes[0].idempotency.retention", "invalid type"),
+                ("routes[0].idempotency.max_key_len", "expected a whole number such as 1, not the string \"long\""),
+                ("routes[0].idempotency.retention", "not the number 5"),
                 ("routes[0].idempotency.scope", "none of"),
                 ("routes[0].idempotency.replay_header", ""),
             ],
@@ -408,6 +408,30 @@ fn check_finds_every_problem_of_a_file_in_one_run() {
         "gw.toml:20: routes[0].idempotency.wait: \"soon\" is not a duration",
     ] {
         assert!(stderr.contains(line), "missing {line:?} in\n{stderr}");
+    }
+}
+
+/// A value of the wrong type is named in the file's words, never in Rust's (`usize`,
+/// `a sequence`): the operator wrote TOML.
+#[test]
+fn check_names_wrong_types_in_the_file_s_words() {
+    let text = MINIMAL
+        .replace("backend = \"memory\"", "backend = \"memory\"\nconnections = \"one\"")
+        .replace("listen = \"127.0.0.1:8080\"", "listen = \"127.0.0.1:8080\"\nmax_connections = -5")
+        .replace("methods = [\"POST\"]", "methods = \"POST\"")
+        .replace("[routes.idempotency]", "[routes.idempotency]\nrenew = \"yes\"");
+    let (ok, _, stderr) = check(&text);
+    assert!(!ok, "{stderr}");
+    for line in [
+        "store.connections: expected a whole number such as 1, not the string \"one\"",
+        "server.max_connections: the number -5 is out of range: expected a whole number such as 1",
+        "routes[0].methods: expected a list such as [\"a\", \"b\"], not the string \"POST\"",
+        "routes[0].idempotency.renew: expected true or false, not the string \"yes\"",
+    ] {
+        assert!(stderr.contains(line), "missing {line:?} in\n{stderr}");
+    }
+    for rust in ["usize", "u64", "u32", "invalid type", "a sequence", "a boolean"] {
+        assert!(!stderr.contains(rust), "{rust:?} in\n{stderr}");
     }
 }
 

@@ -315,3 +315,75 @@ fn the_check_names_each_key_left_out_and_each_unmapped_struct() {
         ]
     );
 }
+
+/// The backticked words of `docs/configuration.md` between `from` and `to`.
+fn ticked_between(docs: &str, from: &str, to: &str) -> Vec<String> {
+    let start = docs.find(from).unwrap_or_else(|| panic!("docs/configuration.md: no {from:?}"));
+    let rest = &docs[start + from.len()..];
+    let end = rest.find(to).unwrap_or_else(|| panic!("docs/configuration.md: no {to:?} after {from:?}"));
+    rest[..end].split('`').skip(1).step_by(2).map(str::to_owned).collect()
+}
+
+/// Where a duration goes in a minimal file, for the spellings below.
+fn with_wait(wait: &str) -> String {
+    format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\n[store]\nbackend = \"memory\"\n[upstreams.app]\nurl = \"http://127.0.0.1:3000\"\n\
+         [[routes]]\nname = \"orders\"\npath = \"/orders\"\nupstream = \"app\"\n[routes.idempotency]\nwait = \"{wait}\"\n"
+    )
+}
+
+fn duration_refused(wait: &str) -> bool {
+    match idemgate::config::Config::from_toml(&with_wait(wait), "gw.toml") {
+        Ok(_) => false,
+        Err(e) => e.to_string().contains("is not a duration"),
+    }
+}
+
+/// Every duration spelling the reference lists is read as one, the examples it gives too, and
+/// a number without a unit is refused, as it says.
+#[test]
+fn every_documented_duration_spelling_is_accepted() {
+    let docs = read("docs/configuration.md");
+    let units = ticked_between(&docs, "The units, each with every spelling accepted:", "So `");
+    assert!(units.len() >= 40, "the list of spellings: {units:?}");
+    for unit in &units {
+        assert!(!duration_refused(&format!("1{unit}")), "1{unit} is documented but refused");
+    }
+    for example in ["24 hours", "1 day", "24hrs", "1h 30m"] {
+        assert!(docs.contains(&format!("`\"{example}\"`")), "{example} is not in the docs");
+        assert!(!duration_refused(example), "{example} is documented but refused");
+    }
+    assert!(duration_refused("30"), "a number without its unit");
+    assert!(duration_refused("5 parsecs"), "a unit nobody listed");
+}
+
+/// Every warning `idemgate check` can give is in the reference's list of warnings: a file
+/// that earns each one, and each key it names is in the list.
+#[test]
+fn every_warning_of_check_is_documented() {
+    let text = "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"0.0.0.0:19091\"\n\
+        admin_token = \"change-me-to-a-long-random-string\"\nshutdown_grace = \"30s\"\n\
+        [store]\nbackend = \"memory\"\ntimeout = \"2s\"\n\
+        [upstreams.app]\nurl = \"http://127.0.0.1:3000\"\ntimeout = \"10s\"\n\
+        [[routes]]\nname = \"a\"\npath = \"/a\"\nupstream = \"app\"\n\
+        [routes.idempotency]\nlease = \"5s\"\nrenew = false\n\
+        [[routes]]\nname = \"b\"\npath = \"/b\"\nupstream = \"app\"\n\
+        [routes.idempotency]\nlease = \"60s\"\n\
+        [routes.idempotency.reconcile]\npath = \"/lookup/{key}\"\nanswer_status = 204\n";
+    let config = idemgate::config::Config::from_toml(text, "gw.toml").unwrap_or_else(|e| panic!("{e}"));
+    let lines = config.warning_lines("gw.toml");
+    let keys: BTreeSet<String> = lines
+        .iter()
+        .filter_map(|l| l.split(": warning: ").nth(1))
+        .filter_map(|rest| rest.split(':').next())
+        .map(|key| key.rsplit('.').next().unwrap_or(key).to_owned())
+        .collect();
+    // admin_token, admin_listen, lease (twice: renew and store timeout), shutdown_grace,
+    // idempotency (no lookup), path, answer_status.
+    assert!(keys.len() >= 7, "{lines:#?}");
+    let docs = read("docs/configuration.md");
+    let listed = ticked_between(&docs, "`idemgate check` also warns", "The gateway logs the same");
+    for key in &keys {
+        assert!(listed.iter().any(|word| word.contains(key.as_str())), "warning on {key} not in the list: {listed:?}");
+    }
+}

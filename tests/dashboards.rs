@@ -3,7 +3,7 @@
 //! and rule has a query, and every alert links to a runbook that exists in
 //! `docs/operations.md`.
 
-mod support;
+use crate::support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -199,7 +199,10 @@ async fn scrape_gateway() -> String {
     let redis = support::redis::RedisServer::shared();
     let store =
         format!("backend = \"redis\"\nurl = \"{}\"\nkey_prefix = \"{}\"", redis.url(), support::unique("dashboards"));
-    let gw = GatewayProc::start(&Toml { store: &store, ..Toml::new(upstream.addr) }.render());
+    // The route asks the upstream about unknown outcomes, so that its reconciliation series
+    // exist (a route without a lookup has none).
+    let policy = "[routes.idempotency.reconcile]\npath = \"/orders/lookup\"";
+    let gw = GatewayProc::start(&Toml { store: &store, policy, ..Toml::new(upstream.addr) }.render());
     let client = gw.client();
     assert_eq!(client.post_json("/orders", Some("d-1"), ORDER).await.status, 201);
     assert!(client.post_json("/orders", Some("d-1"), ORDER).await.is_replay());

@@ -6,7 +6,7 @@
 //! that would strip what the route needs, Redis replies delayed past the store timeout (a TCP
 //! proxy between the gateway and Redis), a lease lost mid-request, and a failover.
 
-mod support;
+use crate::support;
 
 use std::time::{Duration, Instant};
 

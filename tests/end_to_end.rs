@@ -1,7 +1,7 @@
 //! End to end: client → gateway → example order service (SQLite), with a private
 //! `redis-server`. Assertions are on the rows in the order service's database.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! The gateway's errors in the API's own shape (`[errors]`, `[routes.errors]`): what clients
 //! and their SDKs read, escaped so that no client input can break the envelope.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! private `redis-server` (or the memory store). Assertions are on what reached the upstream,
 //! not only on what the client saw.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! The edge as an attacker probes it: the real `idemgate` binary, raw TCP and raw HTTP/2
 //! frames, and a counting upstream. Each test names the threat of docs/security.md it covers.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -415,7 +415,8 @@ async fn the_admin_bearer_scheme_is_case_insensitive() {
     let path = "/keys?route=orders&key=k";
     for scheme in ["Bearer", "bearer", "BEARER"] {
         let auth = format!("{scheme} test-admin-token-0123456789");
-        let r = admin.send(Method::GET, path, &[("authorization", &auth)], "").await;
+        let r =
+            admin.send(Method::GET, path, &[("authorization", &auth), ("scope-authorization", "Bearer x")], "").await;
         assert_eq!(r.status, 404, "{scheme}: authorized, and the key is absent");
     }
     let r = admin.send(Method::GET, path, &[("authorization", "Basic dGVzdA==")], "").await;

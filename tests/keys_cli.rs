@@ -175,8 +175,15 @@ impl std::fmt::Debug for Run {
 /// Runs `idemgate keys ARGS` with only the given IDEMGATE_* variables (the test's own
 /// environment might hold others) and `stdin`.
 fn keys(args: &[&str], env: &[(&str, &str)], stdin: Option<&[u8]>) -> Run {
+    let mut all = vec!["keys"];
+    all.extend_from_slice(args);
+    idemgate(&all, env, stdin)
+}
+
+/// Runs `idemgate ARGS` with only `env` of the IDEMGATE_ variables.
+fn idemgate(args: &[&str], env: &[(&str, &str)], stdin: Option<&[u8]>) -> Run {
     let mut command = Command::new(env!("CARGO_BIN_EXE_idemgate"));
-    command.arg("keys").args(args);
+    command.args(args);
     for (name, _) in std::env::vars_os() {
         if name.to_string_lossy().starts_with("IDEMGATE_") || name == "SSL_CERT_FILE" || name == "SSL_CERT_DIR" {
             command.env_remove(name);
@@ -382,13 +389,110 @@ fn list_follows_the_cursor_and_prints_a_table() {
     let lines: Vec<&str> = run.stdout.lines().collect();
     assert_eq!(lines.len(), 4, "{run:?}");
     let columns: Vec<&str> = lines[0].split_whitespace().collect();
-    assert_eq!(columns, ["KEY", "STATE", "ATTEMPT", "SINCE", "METHOD", "PATH", "SCOPE"]);
-    assert!(lines[1].starts_with("k-one ") && lines[1].contains(" 3m12s ") && lines[1].ends_with(" aaaaaaaaaaaa"));
-    assert!(lines[2].starts_with(HOSTILE_KEY) && lines[2].contains(" 850ms ") && lines[2].ends_with(" bbbbbbbbbbbb"));
+    assert_eq!(columns, ["KEY", "STATE", "ATTEMPT", "SINCE", "METHOD", "PATH", "SCOPE_HASH"]);
+    // The scope hash whole: what show, resolve and release take.
+    assert!(
+        lines[1].starts_with("k-one ")
+            && lines[1].contains(" 3m12s ")
+            && lines[1].ends_with(&format!(" {}", "a".repeat(64)))
+    );
+    assert!(
+        lines[2].starts_with(HOSTILE_KEY)
+            && lines[2].contains(" 850ms ")
+            && lines[2].ends_with(&format!(" {}", "b".repeat(64)))
+    );
     assert!(lines[3].starts_with("k-three ") && lines[3].contains(" 2h5m ") && lines[3].contains(" unknown "));
     // The columns line up: SINCE starts at the same place on every line.
     let at = lines[0].find("SINCE").unwrap();
     assert_eq!(&lines[1][at..at + 5], "3m12s", "{run:?}");
+}
+
+/// A gateway's configuration naming its admin listener on every address, and its token.
+fn config_naming(admin: &str, token_lines: &str) -> tempfile::NamedTempFile {
+    let port = admin.rsplit(':').next().unwrap_or_default().trim_end_matches('/');
+    let text = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"0.0.0.0:{port}\"\n{token_lines}\n\n[store]\nbackend = \"memory\"\n\n\
+         [upstreams.app]\nurl = \"http://127.0.0.1:3000\"\n\n[[routes]]\nname = \"orders\"\npath = \"/orders\"\nupstream = \"app\"\n\n\
+         [routes.idempotency]\n"
+    );
+    let mut file = tempfile::NamedTempFile::new().unwrap();
+    file.write_all(text.as_bytes()).unwrap();
+    file
+}
+
+/// `--config FILE` takes the admin listener and its token from the file (0.0.0.0 meaning this
+/// machine); without it no file is read, and options the command does not use are refused.
+#[test]
+fn keys_takes_the_listener_and_token_from_a_config_file_when_asked() {
+    let admin = FakeAdmin::start(two_pages);
+    let file = config_naming(&admin.url, &format!("admin_token = \"{TOKEN}-from-the-file\""));
+    let path = file.path().to_str().unwrap();
+    let run = keys(&["list", "--config", path, "--route", "orders"], &[], None);
+    assert_eq!(run.code, Some(0), "{run:?}");
+    let request = admin.requests().into_iter().next().expect("a request");
+    assert_eq!(request.header("authorization"), Some(format!("Bearer {TOKEN}-from-the-file").as_str()));
+
+    // The token through the variable the file names.
+    let file = config_naming(&admin.url, "admin_token_env = \"MY_ADMIN_TOKEN\"");
+    let run = keys(
+        &["list", "--config", file.path().to_str().unwrap(), "--route", "orders"],
+        &[("MY_ADMIN_TOKEN", "another-long-admin-token")],
+        None,
+    );
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert!(admin.requests().iter().any(|r| r.header("authorization") == Some("Bearer another-long-admin-token")));
+
+    // A file that is not there is unusable input, named.
+    let run = keys(&["list", "--config", "/nonexistent/gw.toml", "--route", "orders"], &[WITH_TOKEN], None);
+    assert_eq!(run.code, Some(2), "{run:?}");
+    assert!(run.stderr.contains("/nonexistent/gw.toml"), "{run:?}");
+    // Neither --admin nor --config; both; options keys never uses.
+    for args in [
+        vec!["keys", "list", "--route", "orders"],
+        vec!["keys", "list", "--admin", "http://127.0.0.1:1", "--config", path, "--route", "orders"],
+        vec!["keys", "list", "--admin", "http://127.0.0.1:1", "--route", "orders", "--log-format", "json"],
+        vec!["--config", path, "keys", "list", "--admin", "http://127.0.0.1:1", "--route", "orders"],
+        vec!["check", "--log-format", "json"],
+    ] {
+        let run = idemgate(&args, &[WITH_TOKEN], None);
+        assert_eq!(run.code, Some(2), "{args:?}: {run:?}");
+    }
+    let help = idemgate(&["keys", "list", "--help"], &[], None);
+    assert!(!help.stdout.contains("--log-format"), "{help:?}");
+}
+
+/// The top-level help says what no command does, and how to reload.
+#[test]
+fn the_help_says_that_no_command_serves_and_how_to_reload() {
+    let help = idemgate(&["--help"], &[], None);
+    assert_eq!(help.code, Some(0), "{help:?}");
+    for words in ["Without a command, idemgate serves", "SIGHUP", "POST /reload", "check", "keys"] {
+        assert!(help.stdout.contains(words), "{words:?} in {}", help.stdout);
+    }
+}
+
+/// What `list` prints in its SCOPE_HASH column, `show --scope-hash` takes as it is.
+#[test]
+fn show_takes_the_scope_hash_list_prints() {
+    let admin = FakeAdmin::start(|request| {
+        if request.param("state").is_some() {
+            two_pages(request)
+        } else {
+            ok(json!({ "state": "unknown", "attempt": 1, "expires_in_ms": 1000 }))
+        }
+    });
+    let listed = keys(&["list", "--admin", &admin.url, "--route", "orders"], &[WITH_TOKEN], None);
+    assert_eq!(listed.code, Some(0), "{listed:?}");
+    let line = listed.stdout.lines().find(|l| l.starts_with("k-one ")).unwrap_or_default().to_owned();
+    let printed = line.split_whitespace().last().unwrap_or_default().to_owned();
+    let shown = keys(
+        &["show", "--admin", &admin.url, "--route", "orders", "--key", "k-one", "--scope-hash", &printed],
+        &[WITH_TOKEN],
+        None,
+    );
+    assert_eq!(shown.code, Some(0), "{shown:?}");
+    let asked = admin.requests().into_iter().last().and_then(|r| r.param("scope_hash"));
+    assert_eq!(asked.as_deref(), Some(printed.as_str()), "{line}");
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! told `X-Forwarded-Proto: https`, a renewed certificate picked up on reload, and a client
 //! that never finishes its handshake dropped at the header timeout.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

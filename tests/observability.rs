@@ -1,7 +1,7 @@
 //! What an operator sees, from the real binary: JSON log lines with one access line per
 //! request (never the key or a credential), and latency histograms and gauges on /metrics.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 
@@ -273,11 +273,59 @@ async fn a_store_outage_is_said_once_not_once_per_request() {
     let said = |text: &str| lines.iter().filter(|l| l["message"].as_str().is_some_and(|m| m.contains(text))).count();
     assert_eq!(said("store stopped answering"), 1, "{loud:#?}");
     assert_eq!(said("store answers again"), 1, "{lines:#?}");
+    // Both name the store they mean.
+    let address = redis.addr().to_string();
+    for text in ["store stopped answering", "store answers again"] {
+        let line = lines.iter().find(|l| l["message"].as_str().is_some_and(|m| m.contains(text)));
+        let named = line.and_then(|l| l["store"].as_str()).unwrap_or_default();
+        assert!(named.contains(&address), "{text}: {line:?}");
+    }
     // The outage, the notification subscription it broke, and (for a run past 10 s) one
     // summary: nothing per request or per probe.
     assert!(loud.len() <= 4, "{} warnings for one outage: {loud:#?}", loud.len());
     let access = lines.iter().filter(|l| l["target"] == "idemgate::access").count();
     assert!(access >= 66, "every request is in the access log: {access}");
+}
+
+/// A mistyped port: every line about the store names the address it tried, never the password
+/// the URL carries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_lines_name_the_address_and_never_the_password() {
+    let upstream = TestUpstream::start().await;
+    // A port nothing listens on: bound, read back, then closed.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).unwrap();
+    let store = format!(
+        "backend = \"redis\"\nurl = \"redis://:hunter2-secret@{closed}\"\nkey_prefix = \"{}\"\ntimeout = \"200ms\"",
+        support::unique("wrongport")
+    );
+    let gw = GatewayProc::start(
+        &Toml { server: "log_format = \"json\"", store: &store, ..Toml::new(upstream.addr) }.render(),
+    );
+    let r = gw.client().post_json("/orders", Some("wrong-port"), ORDER).await;
+    assert_eq!(r.status, 503, "fail-closed: {:?}", r.body);
+    let store_lines = |log: &[String]| -> Vec<serde_json::Value> {
+        log.iter()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            // About the store (not the descriptor budget, which counts the store's connections).
+            .filter(|l| l["message"].as_str().is_some_and(|m| m.contains("store") && !m.contains("file descriptors")))
+            .filter(|l| l["level"] == "WARN" || l["level"] == "ERROR")
+            .collect()
+    };
+    let mut said = Vec::new();
+    for _ in 0..50 {
+        said = store_lines(&gw.log_lines());
+        if said.len() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // At least the start-up check and the outage; each names the address.
+    assert!(said.len() >= 2, "{said:#?}\n{}", gw.log());
+    for line in &said {
+        let named = line["store"].as_str().or_else(|| line["node"].as_str()).unwrap_or_default();
+        assert!(named.contains(&closed.to_string()), "no address in {line}");
+    }
+    assert!(!gw.log().contains("hunter2-secret"), "the password reached the log:\n{}", gw.log());
 }
 
 /// `worker_threads = 1` runs the gateway on one thread without a pool (a cheaper runtime,

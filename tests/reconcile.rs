@@ -6,7 +6,7 @@
 //! gateway's timeout while executing, and counts every execution and every lookup. Assertions
 //! are on what it executed, not only on what the client saw.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -762,6 +762,32 @@ async fn operators_list_held_keys_page_by_page_and_settle_them() {
         assert_eq!((r.status.as_u16(), r.problem().as_str()), (400, "admin-bad-request"), "{method} {path}");
     }
     assert_eq!(key_state(&gw, "\"held 3/?\"").await["state"], "unknown");
+    // A key looked up without its caller, on a route that keeps keys per caller: not "absent"
+    // (it is there, stuck), but how to name the caller.
+    for method in [Method::GET, Method::DELETE] {
+        let r = admin(&gw)
+            .send(
+                method.clone(),
+                "/keys?route=orders&key=%22held%203%2F%3F%22",
+                &[("authorization", bearer.as_str())],
+                "",
+            )
+            .await;
+        assert_eq!((r.status.as_u16(), r.problem().as_str()), (400, "admin-bad-request"), "{method}");
+        let detail = r.json()["detail"].as_str().unwrap_or_default().to_owned();
+        assert!(detail.contains("keeps keys per caller") && detail.contains("IDEMGATE_SCOPE_"), "{detail}");
+    }
+    assert_eq!(key_state(&gw, "\"held 3/?\"").await["state"], "unknown", "nothing released");
+    // A route that is not there: the answer lists the ones that are, and echoes the name bounded.
+    let long = "x".repeat(500);
+    for asked in ["order", long.as_str()] {
+        let path = format!("/keys?route={asked}&key=k");
+        let r = admin(&gw).send(Method::GET, &path, &[("authorization", bearer.as_str())], "").await;
+        assert_eq!((r.status.as_u16(), r.problem().as_str()), (400, "admin-bad-request"));
+        let detail = r.json()["detail"].as_str().unwrap_or_default().to_owned();
+        assert!(detail.contains("the idempotent routes are \"orders\""), "{detail}");
+        assert!(detail.len() < 200, "{detail}");
+    }
     gw.shutdown().await;
 }
 

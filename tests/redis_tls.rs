@@ -2,7 +2,7 @@
 //! from the environment. The test makes its own CA, starts `redis-server` with TLS only, and
 //! runs the real binary against it.
 
-mod support;
+use crate::support;
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

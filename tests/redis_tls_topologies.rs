@@ -3,7 +3,7 @@
 //! only and a certificate from a CA made by the test. The store trusts that CA through
 //! `[store] ca_file`; opened with the system roots instead, it must not get through.
 
-mod support;
+use crate::support;
 
 use std::path::PathBuf;
 use std::time::Duration;

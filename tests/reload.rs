@@ -2,7 +2,7 @@
 //! swap routes in without a failed request, a bad file changes nothing, and what cannot
 //! change without a restart is reported.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

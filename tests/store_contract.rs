@@ -5,7 +5,7 @@
 //! (primary, replica, three Sentinels) and a local 3-primary Redis Cluster. Time-dependent
 //! scenarios use short real durations because Redis keeps its own clock.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

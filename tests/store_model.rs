@@ -24,7 +24,7 @@
 //! keeps its own clock, which cannot be paused; see [`SHIFT`] for how the test moves it and
 //! why the small amount of real time that passes during a case cannot change any result.
 
-mod support;
+use crate::support;
 
 use std::cell::RefCell;
 use std::fmt::Write as _;

@@ -2,7 +2,7 @@
 //! upstream gets. The collector here is a small in-process OTLP/HTTP receiver that decodes
 //! every export as a real collector would.
 
-mod support;
+use crate::support;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -321,24 +321,25 @@ async fn only_a_trusted_proxy_decides_sampling_and_untraced_requests_pass_their_
     assert!(collector.spans.lock().unwrap().is_empty(), "nothing exported");
 
     // From a trusted proxy (here: loopback), its decision stands even at ratio 0. The
-    // collector's header comes from the environment (no other test here reads it).
-    // SAFETY: set before the gateway that reads it starts; nothing else reads or writes it.
-    #[allow(unsafe_code)] // set_var is unsafe since edition 2024; see the line above.
-    unsafe {
-        std::env::set_var("IDEMGATE_TEST_OTLP_HEADER", "X-Otlp-Token: t0ken")
-    };
-    let gw = TestGateway::start(&config(
-        upstream.addr,
-        collector_addr,
-        "trusted_proxies = [\"127.0.0.1/32\"]",
-        "sample_ratio = 0.0\nheaders_env = \"IDEMGATE_TEST_OTLP_HEADER\"",
-    ))
-    .await;
+    // collector's header comes from the environment: the gateway runs as a process of its
+    // own, given the variable, because the tests share this process's environment (setting
+    // a variable while other threads read theirs is undefined behaviour).
+    let mut gw = GatewayProc::start_full(
+        &config(
+            upstream.addr,
+            collector_addr,
+            "trusted_proxies = [\"127.0.0.1/32\"]",
+            "sample_ratio = 0.0\nheaders_env = \"IDEMGATE_TEST_OTLP_HEADER\"",
+        ),
+        &[],
+        &[("IDEMGATE_TEST_OTLP_HEADER", "X-Otlp-Token: t0ken")],
+    );
     let r = gw.client().send(Method::GET, "/anything", &[("traceparent", parent.as_str())], "").await;
     assert_eq!(r.status, 201);
     let r = gw.client().send(Method::GET, "/other", &[("traceparent", unsampled.as_str())], "").await;
     assert_eq!(r.status, 201);
-    gw.shutdown().await;
+    gw.sigterm();
+    assert!(gw.wait_exit(Duration::from_secs(10)).is_some_and(|s| s.success()), "the gateway exits");
     let spans = spans_of(&collector, TRACE, 1).await;
     assert_eq!(spans.iter().filter(|s| s.name == "GET rest").count(), 1, "the sampled one only: {spans:#?}");
     assert!(

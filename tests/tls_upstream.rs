@@ -1,7 +1,7 @@
 //! https:// upstreams: verified against the CA bundle named by `ca_file`, over HTTP/2 when
 //! the upstream offers it by ALPN; an upstream the CA did not sign is refused (502).
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -8,7 +8,7 @@
 //! The previous release is built from this repository's history on first use (see
 //! `support::previous`), or named by `IDEMGATE_PREVIOUS_BIN`.
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

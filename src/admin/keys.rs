@@ -63,7 +63,7 @@ pub(super) async fn keys(gw: &Gateway, peer: IpAddr, request: Request<Incoming>)
         return bad("Give route as a query parameter, and key (one record) or state (a list).");
     };
     let Some(route) = gw.idempotent_route(route_name) else {
-        return bad("No idempotent route has that name.");
+        return bad(&unknown_route(gw, route_name));
     };
     let keys = Keys::new(gw.runtime(), route, peer);
     let reading = parts.method == Method::GET || parts.method == Method::HEAD;
@@ -104,6 +104,20 @@ pub(super) async fn keys(gw: &Gateway, peer: IpAddr, request: Request<Incoming>)
             Ok(Some(found)) => json_response(StatusCode::OK, &found),
             Err(e) => store_failed(gw, e),
         },
+    }
+}
+
+/// What an operator who named no idempotent route is told: the names there are. (The admin
+/// API is behind its token, and route names are the operator's own configuration.)
+fn unknown_route(gw: &Gateway, asked: &str) -> String {
+    // Echoed bounded: the query is the caller's input.
+    let asked: String = asked.chars().take(64).collect();
+    let names: Vec<String> =
+        gw.route_configs().iter().filter(|r| r.idempotency.is_some()).map(|r| format!("{:?}", r.name)).collect();
+    if names.is_empty() {
+        format!("No idempotent route is named {asked:?}: this gateway has none.")
+    } else {
+        format!("No idempotent route is named {asked:?}; the idempotent routes are {}.", names.join(", "))
     }
 }
 
@@ -168,10 +182,33 @@ pub(super) fn record_of(
                     caller.append(name.clone(), value.clone());
                 }
             }
+            // A route that refuses callers without their scope holds no record without one:
+            // looking up the anonymous scope would answer "absent" for a key that is stuck.
+            if policy.on_missing_scope == MissingScope::Reject && policy.scope(&caller, MissingScope::Reject).is_err() {
+                return Err(per_caller(route));
+            }
             policy.scope(&caller, MissingScope::Anonymous).map_err(|e| e.to_string())?
         }
     };
     Ok(gw.runtime().record_key(&route.name, &scope, &key))
+}
+
+/// What an operator who gave no (or not all of the) caller's scope on a per-caller route is
+/// told: that the route keeps keys per caller, which sources it reads, and how to pass them.
+fn per_caller(route: &IdempotentRoute) -> String {
+    let sources = route.policy.scope.sources();
+    let named: Vec<String> = sources.iter().map(|s| s.describe()).collect();
+    let mut headers: Vec<String> = sources.iter().map(|s| format!("Scope-{}", s.header())).collect();
+    headers.dedup();
+    format!(
+        "Route {:?} keeps keys per caller (scope: {}): a key has no record without its caller. Send the \
+         caller's {} header(s) as {}, or give scope_hash (idemgate keys: IDEMGATE_SCOPE_<NAME> variables, \
+         --scope-stdin, or --scope-hash).",
+        route.name,
+        named.join(", "),
+        sources.iter().map(|s| s.header().to_string()).collect::<Vec<_>>().join(", "),
+        headers.join(", ")
+    )
 }
 
 /// `GET /keys?route=R&state=unknown|executed[&cursor=C][&limit=N]`: one page of the route's

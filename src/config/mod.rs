@@ -15,6 +15,7 @@ mod source;
 mod tls;
 mod units;
 mod validate;
+mod words;
 
 pub use self::redis_url::{Address, Auth, Target as RedisTarget};
 pub use self::tls::{ListenerTls, TlsError};

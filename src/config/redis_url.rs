@@ -69,6 +69,16 @@ impl fmt::Debug for Target {
 }
 
 impl Target {
+    /// Where the store is, for logs: the addresses the URL names, never its credentials.
+    pub fn describe(&self) -> String {
+        let list = |addresses: &[Address]| addresses.iter().map(ToString::to_string).collect::<Vec<_>>().join(",");
+        match self {
+            Target::Single(info) => format!("redis {}", info.addr()),
+            Target::Sentinel { sentinels, master, .. } => format!("sentinel master {master} via {}", list(sentinels)),
+            Target::Cluster { seeds, .. } => format!("cluster via {}", list(seeds)),
+        }
+    }
+
     /// Reads `url`; the error says what is wrong without repeating the URL (it may hold a
     /// password).
     pub fn parse(url: &str) -> Result<Target, String> {

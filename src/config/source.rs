@@ -210,7 +210,7 @@ impl Reader {
             };
             let path = track.path().to_string();
             let key = if path == "." { prefix.to_owned() } else { join(prefix, &path) };
-            self.issue(key, error.message().trim().to_owned());
+            self.issue(key, super::words::plain(error.message().trim()));
             // A missing field, or a section that is not a table: nothing to take out.
             if path == "." || !remove(&mut value, &path) {
                 self.unknown(unknown);

@@ -3,6 +3,7 @@
 //! Counters are resolved per route once at start, so recording an outcome on the request
 //! path is an atomic increment, not a label lookup with allocations.
 
+mod exposition;
 mod labels;
 mod route;
 
@@ -20,7 +21,7 @@ use prometheus_client::registry::Registry;
 
 pub use self::labels::{Outcome, Reconciliation, ReleaseReason, UPSTREAM_CLASSES, status_class};
 use self::route::PerLabel;
-pub use self::route::RouteMetrics;
+pub use self::route::{Produces, RouteMetrics};
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct RouteOutcome {
@@ -271,26 +272,36 @@ impl Metrics {
         gauge.set(i64::try_from(count).unwrap_or(i64::MAX));
     }
 
-    /// Counters of one route, resolved once.
-    pub fn route(&self, route: &str) -> RouteMetrics {
+    /// Counters of one route, resolved once. Each label set the route can produce is
+    /// registered at once (at zero, so that `increase()` sees its first count); one it cannot
+    /// produce gets a counter that is never exposed (see [`Produces`]).
+    pub fn route(&self, route: &str, produces: Produces) -> RouteMetrics {
         let label = RouteLabel { route: route.to_owned() };
+        let shown = |yes: bool, family: &Family<RouteLabel, Counter>| {
+            if yes { family.get_or_create(&label).clone() } else { Counter::default() }
+        };
+        let idempotent = produces.idempotent;
         RouteMetrics {
-            outcomes: PerLabel::new(|outcome| {
-                self.requests.get_or_create(&RouteOutcome { route: route.to_owned(), outcome }).clone()
+            outcomes: PerLabel::new(|outcome| match produces.outcome(outcome) {
+                true => self.requests.get_or_create(&RouteOutcome { route: route.to_owned(), outcome }).clone(),
+                false => Counter::default(),
             }),
-            released: PerLabel::new(|reason| {
-                self.released.get_or_create(&RouteReason { route: route.to_owned(), reason }).clone()
+            released: PerLabel::new(|reason| match idempotent {
+                true => self.released.get_or_create(&RouteReason { route: route.to_owned(), reason }).clone(),
+                false => Counter::default(),
             }),
-            lease_lost: self.lease_lost.get_or_create(&label).clone(),
-            store_errors: self.store_errors.get_or_create(&label).clone(),
-            store_write_failed: self.store_write_failed.get_or_create(&label).clone(),
-            outcome_unknown: self.outcome_unknown.get_or_create(&label).clone(),
-            not_stored: self.not_stored.get_or_create(&label).clone(),
-            reconciliations: PerLabel::new(|result| {
-                self.reconciliations.get_or_create(&RouteResult { route: route.to_owned(), result }).clone()
+            lease_lost: shown(idempotent, &self.lease_lost),
+            store_errors: shown(idempotent, &self.store_errors),
+            store_write_failed: shown(idempotent, &self.store_write_failed),
+            outcome_unknown: shown(idempotent, &self.outcome_unknown),
+            not_stored: shown(idempotent, &self.not_stored),
+            reconciliations: PerLabel::new(|result| match produces.reconciles {
+                true => self.reconciliations.get_or_create(&RouteResult { route: route.to_owned(), result }).clone(),
+                false => Counter::default(),
             }),
-            request_seconds: PerLabel::new(|outcome| {
-                self.request_seconds.get_or_create(&RouteOutcome { route: route.to_owned(), outcome }).clone()
+            request_seconds: PerLabel::new(|outcome| match produces.outcome(outcome) {
+                true => self.request_seconds.get_or_create(&RouteOutcome { route: route.to_owned(), outcome }).clone(),
+                false => latency_histogram(),
             }),
             upstream_seconds: UPSTREAM_CLASSES
                 .iter()
@@ -369,7 +380,7 @@ impl Metrics {
         if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
             out.clear();
         }
-        out
+        exposition::sorted(&out)
     }
 }
 
@@ -394,7 +405,7 @@ mod tests {
     #[test]
     fn the_upstream_p90_needs_enough_answers_and_interpolates_like_prometheus() {
         let m = Metrics::default();
-        let route = m.route("r");
+        let route = m.route("r", Produces::PLAIN);
         for _ in 0..19 {
             route.upstream_latency("2xx", Duration::from_millis(200));
         }
@@ -406,8 +417,8 @@ mod tests {
         let p90 = route.upstream_p90().unwrap().as_secs_f64();
         assert!((p90 - (0.128 + 0.128 * 0.9)).abs() < 1e-9, "{p90}");
         // A reload resolves the route again and keeps what was counted.
-        assert!(m.route("r").upstream_p90().is_some());
-        assert_eq!(m.route("other").upstream_p90(), None);
+        assert!(m.route("r", Produces::PLAIN).upstream_p90().is_some());
+        assert_eq!(m.route("other", Produces::PLAIN).upstream_p90(), None);
     }
 
     #[test]
@@ -428,7 +439,7 @@ mod tests {
     #[test]
     fn outcomes_are_counted_per_route_and_exposed() {
         let m = Metrics::default();
-        let orders = m.route("create-order");
+        let orders = m.route("create-order", IDEMPOTENT);
         orders.outcome(Outcome::Replayed);
         orders.outcome(Outcome::Replayed);
         orders.outcome(Outcome::Executed);
@@ -437,5 +448,50 @@ mod tests {
         assert!(text.contains(r#"idemgate_requests_total{route="create-order",outcome="replayed"} 2"#), "{text}");
         assert!(text.contains(r#"idemgate_requests_total{route="create-order",outcome="executed"} 1"#), "{text}");
         assert!(text.contains(r#"idemgate_released_total{route="create-order",reason="status"} 1"#), "{text}");
+    }
+
+    const IDEMPOTENT: Produces =
+        Produces { idempotent: true, keyless: false, quota: false, fail_open: false, reconciles: false };
+
+    /// A route shows a zero series for every label set it can produce, and none it cannot:
+    /// a plain route has no mismatch, lease or reconciliation; a route without a lookup no
+    /// reconciliation; a fail-closed route no bypass. Counting an impossible one is harmless.
+    #[test]
+    fn routes_expose_only_what_they_can_produce() {
+        let m = Metrics::default();
+        let plain = m.route("plain", Produces::PLAIN);
+        let _orders = m.route("orders", IDEMPOTENT);
+        let _asks = m.route("asks", Produces { reconciles: true, fail_open: true, ..IDEMPOTENT });
+        plain.outcome(Outcome::Mismatch);
+        plain.lease_lost();
+        let text = m.encode();
+        let has = |series: &str| text.lines().any(|l| l.starts_with(series));
+        assert!(has(r#"idemgate_requests_total{route="plain",outcome="passed_through"} 0"#), "{text}");
+        assert!(has(r#"idemgate_requests_total{route="plain",outcome="upstream_failed"} 0"#), "{text}");
+        assert!(!text.contains(r#"route="plain",outcome="mismatch""#), "{text}");
+        assert!(
+            !text.lines().any(|l| l.starts_with("idemgate_lease_lost") && l.contains(r#"route="plain""#)),
+            "{text}"
+        );
+        assert!(has(r#"idemgate_requests_total{route="orders",outcome="mismatch"} 0"#), "{text}");
+        assert!(!text.contains(r#"route="orders",outcome="passed_through""#), "a required key never passes: {text}");
+        assert!(!text.contains(r#"route="orders",outcome="bypassed""#), "{text}");
+        assert!(!text.lines().any(|l| l.starts_with("idemgate_reconciliations") && l.contains(r#"route="orders""#)));
+        assert!(text.lines().any(|l| l.starts_with("idemgate_reconciliations") && l.contains(r#"route="asks""#)));
+        assert!(has(r#"idemgate_requests_total{route="asks",outcome="bypassed"} 0"#), "{text}");
+    }
+
+    /// Two registries built alike, series created in different orders, expose the same text.
+    #[test]
+    fn the_exposition_order_is_stable() {
+        let build = |names: &[&str]| {
+            let m = Metrics::default();
+            for name in names {
+                let route = m.route(name, IDEMPOTENT);
+                route.outcome(Outcome::Executed);
+            }
+            m.encode()
+        };
+        assert_eq!(build(&["a", "b", "c", "d"]), build(&["d", "b", "c", "a"]));
     }
 }

@@ -32,6 +32,42 @@ impl<L: Label, M: Clone> PerLabel<L, M> {
     }
 }
 
+/// What a route can produce: which outcomes it can count, and whether it has a key's
+/// lifecycle and lookups at all. A label set a route cannot produce is not exposed: a plain
+/// route has no `mismatch`, no lease to lose, no reconciliation.
+#[derive(Debug, Clone, Copy)]
+pub struct Produces {
+    /// The route has `[routes.idempotency]`.
+    pub idempotent: bool,
+    /// Requests without a key pass through (`required = false`).
+    pub keyless: bool,
+    /// It counts new keys (`max_new_keys`).
+    pub quota: bool,
+    /// It forwards when the store fails (`on_store_error = "fail-open"`).
+    pub fail_open: bool,
+    /// It asks the upstream about unknown outcomes (`[routes.idempotency.reconcile]`).
+    pub reconciles: bool,
+}
+
+impl Produces {
+    /// A route without idempotency.
+    pub const PLAIN: Self =
+        Self { idempotent: false, keyless: true, quota: false, fail_open: false, reconciles: false };
+
+    /// Whether the route can end a request with `outcome`.
+    pub fn outcome(self, outcome: Outcome) -> bool {
+        match outcome {
+            Outcome::PassedThrough => self.keyless,
+            Outcome::UpstreamFailed => true,
+            // A plain route only forwards; everything else is the idempotent path's.
+            _ if !self.idempotent => false,
+            Outcome::QuotaExceeded => self.quota,
+            Outcome::Bypassed => self.fail_open,
+            _ => true,
+        }
+    }
+}
+
 /// Pre-resolved counters of one route.
 #[derive(Clone)]
 pub struct RouteMetrics {

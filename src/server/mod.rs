@@ -138,7 +138,7 @@ impl Server {
         tokio::spawn(async move {
             if let Err(e) = runtime.store.ping().await {
                 tracing::warn!(
-                    store = runtime.store.kind(),
+                    store = %runtime.store.describe(),
                     error = %e,
                     "the store does not answer; idempotent routes apply on_store_error until it does"
                 );
@@ -146,11 +146,11 @@ impl Server {
             }
             if let Some(settings) = runtime.store.settings().await {
                 runtime.metrics.store_evicts_records.set(i64::from(settings.evicts()));
-                tracing::info!(settings = %settings.summary(), "store settings");
+                tracing::info!(store = %runtime.store.describe(), settings = %settings.summary(), "store settings");
                 for (severity, finding) in settings.findings() {
                     match severity {
-                        Severity::Error => tracing::error!("store: {finding}"),
-                        Severity::Warning => tracing::warn!("store: {finding}"),
+                        Severity::Error => tracing::error!(store = %runtime.store.describe(), "store: {finding}"),
+                        Severity::Warning => tracing::warn!(store = %runtime.store.describe(), "store: {finding}"),
                     }
                 }
             }

@@ -89,11 +89,11 @@ impl Backend {
         }))
     }
 
-    /// `"redis"` or `"memory"`, for logs and metrics.
-    pub fn kind(&self) -> &'static str {
-        match self.engine {
-            Engine::Redis(_) => "redis",
-            Engine::Memory(_) => "memory",
+    /// Where the store is, for a log line: its addresses (never credentials), or `memory`.
+    pub fn describe(&self) -> String {
+        match &self.engine {
+            Engine::Redis(redis) => redis.describe(),
+            Engine::Memory(_) => "memory".to_owned(),
         }
     }
 
@@ -141,6 +141,6 @@ impl Backend {
             let histogram = histogram.get_or_init(|| self.calls.get_or_create(&CallLabel { call: label }).clone());
             histogram.observe(started.elapsed().as_secs_f64());
         }
-        self.health.saw(out.as_ref().err());
+        self.health.saw(out.as_ref().err(), || self.describe());
     }
 }

@@ -40,32 +40,34 @@ struct Outage {
 }
 
 impl Health {
-    /// Notes how one store call ended.
-    pub fn saw(&self, error: Option<&StoreError>) {
+    /// Notes how one store call ended; `place` says where the store is (its addresses, never
+    /// credentials), asked only when a line is written.
+    pub fn saw(&self, error: Option<&StoreError>, place: impl FnOnce() -> String) {
         match error {
-            None if self.down.load(Ordering::Relaxed) => self.answered(),
+            None if self.down.load(Ordering::Relaxed) => self.answered(&place()),
             None => {}
-            Some(e) if unavailable(e) => self.failed(e),
-            Some(e @ StoreError::Rejected(_)) => self.refused(e),
+            Some(e) if unavailable(e) => self.failed(e, place),
+            Some(e @ StoreError::Rejected(_)) => self.refused(e, place),
             // A reply the gateway could not read, a slot moving, a full memory store: the
             // store answers; each is logged where it matters.
             Some(_) => {}
         }
     }
 
-    fn failed(&self, error: &StoreError) {
+    fn failed(&self, error: &StoreError, place: impl FnOnce() -> String) {
         let mut outage = self.outage.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let now = Instant::now();
         let Some(outage) = outage.as_mut() else {
             *outage = Some(Outage { since: now, failed: 1, failed_since_summary: 0, last_summary: now });
             self.down.store(true, Ordering::Relaxed);
-            tracing::warn!(error = %error, "store stopped answering; requests that need it are refused (or bypass it, per route) until it is back");
+            tracing::warn!(store = %place(), error = %error, "store stopped answering; requests that need it are refused (or bypass it, per route) until it is back");
             return;
         };
         outage.failed += 1;
         outage.failed_since_summary += 1;
         if now.duration_since(outage.last_summary) >= SUMMARY_EVERY {
             tracing::warn!(
+                store = %place(),
                 down_for = %seconds(now.duration_since(outage.since)),
                 failed = outage.failed_since_summary,
                 error = %error,
@@ -79,22 +81,22 @@ impl Health {
     /// The store refused a command: said at once, then at most once per
     /// [`SUMMARY_EVERY`] with how many more there were. A command the store refuses is a
     /// bug or a misconfigured store (a disabled command, an ACL), not an outage.
-    fn refused(&self, error: &StoreError) {
+    fn refused(&self, error: &StoreError, place: impl FnOnce() -> String) {
         let mut refusals = self.refusals.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         refusals.unsaid += 1;
         let now = Instant::now();
         if refusals.said.is_some_and(|at| now.duration_since(at) < SUMMARY_EVERY) {
             return;
         }
-        tracing::warn!(refused = refusals.unsaid, error = %error, "the store refused a command; it answers, so this is no outage: a bug, or a store that disables what the gateway needs");
+        tracing::warn!(store = %place(), refused = refusals.unsaid, error = %error, "the store refused a command; it answers, so this is no outage: a bug, or a store that disables what the gateway needs");
         refusals.unsaid = 0;
         refusals.said = Some(now);
     }
 
-    fn answered(&self) {
+    fn answered(&self, place: &str) {
         let mut outage = self.outage.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(ended) = outage.take() {
-            tracing::info!(down_for = %seconds(ended.since.elapsed()), failed = ended.failed, "store answers again");
+            tracing::info!(store = place, down_for = %seconds(ended.since.elapsed()), failed = ended.failed, "store answers again");
         }
         self.down.store(false, Ordering::Relaxed);
     }
@@ -120,19 +122,23 @@ fn seconds(d: Duration) -> String {
 mod tests {
     use super::*;
 
+    fn here() -> String {
+        "redis 127.0.0.1:6379".into()
+    }
+
     #[test]
     fn an_outage_is_entered_and_left_once() {
         let health = Health::default();
-        health.saw(None);
+        health.saw(None, here);
         assert!(!health.is_down());
         for _ in 0..100 {
-            health.saw(Some(&StoreError::Unavailable("refused".into())));
+            health.saw(Some(&StoreError::Unavailable("refused".into())), here);
         }
         assert!(health.is_down());
         assert_eq!(health.outage.lock().unwrap().as_ref().map(|o| o.failed), Some(100));
-        health.saw(Some(&StoreError::Protocol("odd".into())));
+        health.saw(Some(&StoreError::Protocol("odd".into())), here);
         assert_eq!(health.outage.lock().unwrap().as_ref().map(|o| o.failed), Some(100), "an odd reply is an answer");
-        health.saw(None);
+        health.saw(None, here);
         assert!(!health.is_down());
         assert!(health.outage.lock().unwrap().is_none());
     }
@@ -141,7 +147,7 @@ mod tests {
     fn a_refused_command_is_no_outage() {
         let health = Health::default();
         for _ in 0..5 {
-            health.saw(Some(&StoreError::Rejected("ERR value is out of range".into())));
+            health.saw(Some(&StoreError::Rejected("ERR value is out of range".into())), here);
         }
         assert!(!health.is_down());
         assert!(health.outage.lock().unwrap().is_none());

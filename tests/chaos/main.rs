@@ -49,7 +49,16 @@ fn main() -> ExitCode {
         rows.push((*name, report, verdict, seconds));
     }
     print_table(&rows);
-    if rows.iter().all(|(_, _, verdict, _)| verdict == "pass") { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+    let passed = rows.iter().filter(|(_, _, verdict, _)| verdict == "pass").count();
+    let failed = rows.len() - passed;
+    let filtered = scenarios::ALL.len() - rows.len();
+    let seconds: f64 = rows.iter().map(|(_, _, _, s)| s).sum();
+    // libtest's summary line, so that whatever sums cargo's summaries counts these too.
+    println!(
+        "test result: {}. {passed} passed; {failed} failed; 0 ignored; 0 measured; {filtered} filtered out; finished in {seconds:.2}s",
+        if failed == 0 { "ok" } else { "FAILED" }
+    );
+    if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
 }
 
 fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {

@@ -11,7 +11,8 @@ use super::input::{parse_answer_header, parse_scope_hash};
 pub(super) const ENV_HELP: &str = "\
 Environment:
   IDEMGATE_ADMIN_TOKEN     the admin token (server.admin_token), sent as
-                           Authorization: Bearer <token>; required
+                           Authorization: Bearer <token>; required with --admin
+                           (with --config, the file's token is used)
   IDEMGATE_SCOPE_<NAME>    a scope header of the caller whose key it is, sent as
                            Scope-<Name> (NAME upper-cased, '-' as '_'), e.g.
                            IDEMGATE_SCOPE_AUTHORIZATION='Bearer alice' or
@@ -49,6 +50,18 @@ pub(super) enum Action {
     Release(ReleaseArgs),
 }
 
+impl Action {
+    /// Where the action's admin listener is.
+    pub(super) fn admin(&self) -> &AdminArgs {
+        match self {
+            Action::List(args) => &args.admin,
+            Action::Show(target) => &target.admin,
+            Action::Resolve(args) => &args.target.admin,
+            Action::Release(args) => &args.target.admin,
+        }
+    }
+}
+
 #[derive(Args)]
 pub(super) struct ReleaseArgs {
     #[command(flatten)]
@@ -64,8 +77,13 @@ pub(super) struct ReleaseArgs {
 #[derive(Args)]
 pub(super) struct AdminArgs {
     /// The admin listener's base URL, e.g. http://127.0.0.1:9090 (http or https).
-    #[arg(long, value_name = "URL", value_parser = parse_admin_url)]
-    pub(super) admin: AdminUrl,
+    #[arg(long, value_name = "URL", value_parser = parse_admin_url, required_unless_present = "config")]
+    pub(super) admin: Option<AdminUrl>,
+    /// Read the admin listener's address (server.admin_listen; 0.0.0.0 and [::] mean this
+    /// machine) and its token (server.admin_token or the variable admin_token_env names) from
+    /// this configuration file. Without it, no file is read.
+    #[arg(long, short, value_name = "PATH", conflicts_with = "admin")]
+    pub(super) config: Option<PathBuf>,
     /// Print the admin API's JSON documents (for scripts) instead of a table.
     #[arg(long)]
     pub(super) json: bool,

@@ -1,6 +1,8 @@
 //! The admin listener's client: one `/keys` call over http or https within a deadline, and
 //! its answer, judged by status (a problem document becomes the failure it describes).
 
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::Path;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -11,12 +13,13 @@ use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use idemgate::config::Config;
 use idemgate::operator::wire;
 use idemgate::outbound::{self, Roots, TlsSetupError, error_chain};
 use serde_json::Value;
 
 use super::failure::Failure;
-use super::input::{CallerScope, TOKEN_VAR};
+use super::input::{CallerScope, TOKEN_VAR, admin_token, bearer};
 use super::render::{printable, snippet};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -197,6 +200,51 @@ pub(super) fn problem_line(status: StatusCode, doc: Option<&Value>, body: &[u8])
     } else {
         format!("{} {title}: {detail}", status.as_u16())
     }
+}
+
+/// The admin listener to ask and the token to show it: `--admin` with `IDEMGATE_ADMIN_TOKEN`,
+/// or both read from the configuration file `--config` names.
+pub(super) fn admin_target(
+    admin: Option<&AdminUrl>,
+    config: Option<&Path>,
+) -> Result<(AdminUrl, HeaderValue), Failure> {
+    match (admin, config) {
+        (Some(url), _) => Ok((url.clone(), admin_token()?)),
+        (None, Some(path)) => from_config(path),
+        // clap requires one of the two.
+        (None, None) => {
+            Err(Failure::Usage("give the admin listener's URL (--admin) or a configuration file (--config)".into()))
+        }
+    }
+}
+
+/// The admin listener and its token as a configuration file names them.
+fn from_config(path: &Path) -> Result<(AdminUrl, HeaderValue), Failure> {
+    let config = Config::load(path).map_err(|e| Failure::Usage(e.to_string()))?;
+    let file = path.display();
+    let Some(listen) = config.server.admin_listen else {
+        return Err(Failure::Usage(format!(
+            "{file}: server.admin_listen is not set, so the gateway serves no admin listener; set it, or give --admin URL"
+        )));
+    };
+    // A listener on every address is reached on this machine's own.
+    let ip = match listen.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(ip) if ip.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        ip => ip,
+    };
+    let url = parse_admin_url(&format!("http://{}", SocketAddr::new(ip, listen.port())))
+        .map_err(|e| Failure::Usage(format!("{file}: server.admin_listen: {e}")))?;
+    let token = match config.server.admin_token.as_deref() {
+        Some(token) => bearer(token, "the file's admin token")?,
+        None if std::env::var_os(TOKEN_VAR).is_some() => admin_token()?,
+        None => {
+            return Err(Failure::Usage(format!(
+                "{file} sets neither server.admin_token nor server.admin_token_env, and {TOKEN_VAR} is not set"
+            )));
+        }
+    };
+    Ok((url, token))
 }
 
 #[cfg(test)]

@@ -15,6 +15,17 @@ pub(super) const TOKEN_VAR: &str = "IDEMGATE_ADMIN_TOKEN";
 /// The prefix of the variables holding the caller's scope headers.
 const SCOPE_VAR_PREFIX: &str = "IDEMGATE_SCOPE_";
 
+/// `Bearer <token>`, marked sensitive; `what` names the token's source in an error.
+pub(super) fn bearer(token: &str, what: &str) -> Result<HeaderValue, Failure> {
+    // A token read with `$(cat file)` or from a secret mount often ends in a newline.
+    let token = token.trim();
+    let mut value = HeaderValue::from_str(&format!("Bearer {token}"))
+        .map_err(|_| Failure::Usage(format!("{what} holds characters a header cannot carry")))?;
+    value.set_sensitive(true);
+    Ok(value)
+}
+
+/// `IDEMGATE_ADMIN_TOKEN`, as a bearer token.
 pub(super) fn admin_token() -> Result<HeaderValue, Failure> {
     let missing = || {
         Failure::Usage(format!(
@@ -23,15 +34,10 @@ pub(super) fn admin_token() -> Result<HeaderValue, Failure> {
     };
     let token = std::env::var_os(TOKEN_VAR).ok_or_else(missing)?;
     let token = token.into_string().map_err(|_| Failure::Usage(format!("{TOKEN_VAR} is not UTF-8")))?;
-    // A token read with `$(cat file)` or from a secret mount often ends in a newline.
-    let token = token.trim();
-    if token.is_empty() {
+    if token.trim().is_empty() {
         return Err(missing());
     }
-    let mut value = HeaderValue::from_str(&format!("Bearer {token}"))
-        .map_err(|_| Failure::Usage(format!("{TOKEN_VAR} holds characters a header cannot carry")))?;
-    value.set_sensitive(true);
-    Ok(value)
+    bearer(&token, TOKEN_VAR)
 }
 
 /// The caller whose key it is, as the admin listener takes it: `Scope-<Name>` headers, or the

@@ -25,9 +25,9 @@ use serde_json::Value;
 
 pub use self::args::KeysArgs;
 use self::args::{Action, ListArgs, ReleaseArgs, ResolveArgs, TargetArgs};
-use self::client::{AdminClient, encode_query, is_absent, target_query};
+use self::client::{AdminClient, admin_target, encode_query, is_absent, target_query};
 use self::failure::Failure;
-use self::input::{CallerScope, HeaderList, Resolution, admin_token, answer_headers, caller_scope, resolve_body};
+use self::input::{CallerScope, HeaderList, Resolution, answer_headers, caller_scope, resolve_body};
 use self::render::{emit, printable, record_details, records_table, shell_quote};
 
 /// The admin API's largest page (`limit`).
@@ -49,32 +49,33 @@ pub fn run(args: KeysArgs) -> ExitCode {
 }
 
 fn execute(action: Action) -> Result<(), Failure> {
-    // Everything local (token, scope, body) is read and checked before the first request, so
-    // that bad input never leaves half a job done.
-    let token = admin_token()?;
+    // Everything local (listener, token, scope, body) is read and checked before the first
+    // request, so that bad input never leaves half a job done.
+    let admin = action.admin();
+    let (url, token) = admin_target(admin.admin.as_ref(), admin.config.as_deref())?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| Failure::Failed(format!("cannot start the runtime: {e}")))?;
     match action {
         Action::List(args) => {
-            let client = AdminClient::new(&args.admin.admin, token)?;
+            let client = AdminClient::new(&url, token)?;
             runtime.block_on(list(&client, &args))
         }
         Action::Show(args) => {
             let scope = caller_scope(args.scope.scope_stdin, args.scope.scope_hash.as_deref())?;
-            let client = AdminClient::new(&args.admin.admin, token)?;
+            let client = AdminClient::new(&url, token)?;
             runtime.block_on(show(&client, &args, &scope))
         }
         Action::Resolve(args) => {
             let body = resolve_body(args.body.as_deref(), args.body_file.as_deref(), args.target.scope.scope_stdin)?;
             let scope = caller_scope(args.target.scope.scope_stdin, args.target.scope.scope_hash.as_deref())?;
-            let client = AdminClient::new(&args.target.admin.admin, token)?;
+            let client = AdminClient::new(&url, token)?;
             runtime.block_on(resolve(&client, &args, &scope, &body))
         }
         Action::Release(args) => {
             let scope = caller_scope(args.target.scope.scope_stdin, args.target.scope.scope_hash.as_deref())?;
-            let client = AdminClient::new(&args.target.admin.admin, token)?;
+            let client = AdminClient::new(&url, token)?;
             runtime.block_on(release(&client, &args, &scope))
         }
     }
@@ -167,6 +168,15 @@ async fn show(client: &AdminClient, args: &TargetArgs, scope: &CallerScope) -> R
     let answer = client.call(Method::GET, &target_query(&args.route, &args.key, scope), scope, None).await?;
     // 404 with {"state": "absent"} is an answer, not an error: there is no record of the key.
     let doc = if answer.status == StatusCode::NOT_FOUND && is_absent(&answer.body) {
+        if scope.headers.is_empty() && scope.hash.is_none() {
+            // The anonymous caller's key, on a route that admits callers without a scope: the
+            // key may well be another caller's.
+            eprintln!(
+                "idemgate keys: no record for this key without a caller's scope; if route {} keeps keys per \
+                 caller, pass the caller's scope (IDEMGATE_SCOPE_<NAME>, --scope-stdin or --scope-hash)",
+                printable(&args.route)
+            );
+        }
         serde_json::json!({ "state": wire::ABSENT })
     } else {
         answer.document()?

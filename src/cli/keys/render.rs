@@ -17,7 +17,7 @@ pub(super) fn emit(text: &str) -> Result<(), Failure> {
 }
 
 pub(super) fn records_table(records: &[Value]) -> String {
-    let header = ["KEY", "STATE", "ATTEMPT", "SINCE", "METHOD", "PATH", "SCOPE"];
+    let header = ["KEY", "STATE", "ATTEMPT", "SINCE", "METHOD", "PATH", "SCOPE_HASH"];
     let rows: Vec<Vec<String>> = records
         .iter()
         .map(|r| {
@@ -29,9 +29,8 @@ pub(super) fn records_table(records: &[Value]) -> String {
                 r.get("since_ms").and_then(Value::as_u64).map_or_else(|| "-".to_owned(), human_duration),
                 text("method"),
                 text("path"),
-                r.get("scope_hash")
-                    .and_then(Value::as_str)
-                    .map_or_else(|| "-".to_owned(), |h| h.chars().take(12).collect()),
+                // Whole, and last: what `--scope-hash` takes, copied from here as it is.
+                r.get("scope_hash").and_then(Value::as_str).map_or_else(|| "-".to_owned(), printable),
             ]
         })
         .collect();

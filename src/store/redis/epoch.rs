@@ -66,7 +66,7 @@ pub(super) async fn watch(links: Links, marker: String, data_loss: Counter) {
             match tokio::time::timeout(EPOCH_CHECK, shard_markers(&links, &marker)).await {
                 Ok(Ok(markers)) => markers,
                 Ok(Err(e)) => {
-                    tracing::debug!(error = %e, "epoch check skipped: cluster layout unknown");
+                    tracing::debug!(store = %links.describe(), error = %e, "epoch check skipped: cluster layout unknown");
                     Vec::new()
                 }
                 Err(_) => Vec::new(),
@@ -92,23 +92,27 @@ pub(super) async fn watch(links: Links, marker: String, data_loss: Counter) {
             match observed {
                 Ok(current) => {
                     match known.get(&marker) {
-                        Some(previous) => report_change(&marker, previous, &current, &data_loss),
-                        None => check_version(&current.version),
+                        Some(previous) => report_change(&links.describe(), &marker, previous, &current, &data_loss),
+                        None => check_version(&links.describe(), &current.version),
                     }
                     known.insert(marker, current);
                 }
-                Err(e) => tracing::debug!(marker, error = %e, "epoch check skipped: store unreachable"),
+                Err(e) => {
+                    tracing::debug!(store = %links.describe(), marker, error = %e, "epoch check skipped: store unreachable")
+                }
             }
         }
         tokio::time::sleep(EPOCH_CHECK).await;
     }
 }
 
-fn report_change(marker: &str, previous: &Observed, current: &Observed, data_loss: &Counter) {
+fn report_change(store: &str, marker: &str, previous: &Observed, current: &Observed, data_loss: &Counter) {
+    let node = current.node.as_deref().unwrap_or("");
     let moved = previous.node.is_some() && previous.node != current.node;
     if previous.epoch == current.epoch && moved && current.replid2 != previous.replid {
         // Another node, not promoted from the previous one: the slot moved, with its keys.
         tracing::info!(
+            store,
             marker,
             from = previous.node.as_deref().unwrap_or(""),
             to = current.node.as_deref().unwrap_or(""),
@@ -117,6 +121,8 @@ fn report_change(marker: &str, previous: &Observed, current: &Observed, data_los
     } else if previous.epoch != current.epoch {
         data_loss.inc();
         tracing::error!(
+            store,
+            node,
             marker,
             previous = %previous.epoch,
             current = %current.epoch,
@@ -127,6 +133,8 @@ fn report_change(marker: &str, previous: &Observed, current: &Observed, data_los
     } else if previous.run_id != current.run_id || previous.replid != current.replid {
         data_loss.inc();
         tracing::error!(
+            store,
+            node,
             marker,
             restarted = previous.run_id != current.run_id,
             failed_over = previous.replid != current.replid,
@@ -172,10 +180,11 @@ async fn observe(links: &Links, marker: &str, candidate: &str) -> Result<Observe
 const MIN_MAJOR: u32 = 7;
 
 /// Says, once per server seen, when it is too old for the store's commands.
-fn check_version(version: &str) {
+fn check_version(store: &str, version: &str) {
     let major = version.split('.').next().and_then(|m| m.parse::<u32>().ok());
     if major.is_some_and(|m| m < MIN_MAJOR) {
         tracing::error!(
+            store,
             version,
             "Redis {version} is older than {MIN_MAJOR}.0: every claim (SET NX GET) fails, and the routes' \
              on_store_error applies to every request; upgrade Redis"
@@ -275,13 +284,13 @@ mod tests {
     fn a_marker_that_moved_with_its_slot_is_no_loss_and_a_failover_is_one() {
         let before = observed("e1", "node-a", "repl-a", "0000");
         let losses = Counter::default();
-        report_change("m", &before, &before.clone(), &losses);
+        report_change("redis 127.0.0.1:6379", "m", &before, &before.clone(), &losses);
         assert_eq!(losses.get(), 0, "nothing changed");
-        report_change("m", &before, &observed("e1", "node-b", "repl-b", "0000"), &losses);
+        report_change("redis 127.0.0.1:6379", "m", &before, &observed("e1", "node-b", "repl-b", "0000"), &losses);
         assert_eq!(losses.get(), 0, "the marker moved to another shard with its slot");
-        report_change("m", &before, &observed("e1", "node-c", "repl-c", "repl-a"), &losses);
+        report_change("redis 127.0.0.1:6379", "m", &before, &observed("e1", "node-c", "repl-c", "repl-a"), &losses);
         assert_eq!(losses.get(), 1, "a replica of the previous node took over: a failover");
-        report_change("m", &before, &observed("e2", "node-b", "repl-b", "0000"), &losses);
+        report_change("redis 127.0.0.1:6379", "m", &before, &observed("e2", "node-b", "repl-b", "0000"), &losses);
         assert_eq!(losses.get(), 2, "the marker is another one: its slot moved without its keys");
     }
 

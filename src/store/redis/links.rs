@@ -82,6 +82,8 @@ pub(super) struct Links {
     trouble: Arc<Notify>,
     /// A Cluster's nodes, reached directly for the calls it redirects with ASK.
     nodes: Option<Arc<Nodes>>,
+    /// Where `store.url` says the store is, without credentials (see `describe`).
+    configured: Arc<str>,
 }
 
 /// Direct connections to a Cluster's nodes, made when a call is first redirected to one.
@@ -126,6 +128,7 @@ impl Links {
         timeout: Duration,
     ) -> Result<Opened, StoreError> {
         let count = count.max(1);
+        let configured: Arc<str> = target.describe().into();
         let certs = if target.tls() { certificates(tls)? } else { None };
         let (current, cluster, sentinels) = match target {
             Target::Single(mut info) => {
@@ -152,13 +155,16 @@ impl Links {
                 let scheme = if tls { "rediss" } else { "redis" };
                 let access = NodeAccess { scheme, auth, certs };
                 let nodes = Nodes { access, timeout, connections: Default::default() };
-                return Ok(Opened { links: Links::new(current, true, Some(Arc::new(nodes))), sentinels: None });
+                return Ok(Opened {
+                    links: Links::new(current, true, Some(Arc::new(nodes)), configured),
+                    sentinels: None,
+                });
             }
         };
-        Ok(Opened { links: Links::new(current, cluster, None), sentinels })
+        Ok(Opened { links: Links::new(current, cluster, None, configured), sentinels })
     }
 
-    fn new(current: Current, cluster: bool, nodes: Option<Arc<Nodes>>) -> Self {
+    fn new(current: Current, cluster: bool, nodes: Option<Arc<Nodes>>, configured: Arc<str>) -> Self {
         Links {
             current: Arc::new(ArcSwap::from_pointee(current)),
             next: Arc::new(AtomicUsize::new(0)),
@@ -166,6 +172,21 @@ impl Links {
             changed: Arc::new(watch::channel(0).0),
             trouble: Arc::new(Notify::new()),
             nodes,
+            configured,
+        }
+    }
+
+    /// Where the store is, for a log line: the configured addresses, and behind Sentinels the
+    /// primary they named last. Never credentials.
+    pub fn describe(&self) -> String {
+        if self.cluster {
+            return self.configured.to_string();
+        }
+        match self.current.load().notify.first() {
+            Some(primary) if self.configured.starts_with("sentinel") => {
+                format!("{}, primary {}", self.configured, primary.get_connection_info().addr())
+            }
+            _ => self.configured.to_string(),
         }
     }
 

@@ -137,6 +137,11 @@ impl RedisStore {
         Ok(Self { links, scripts, timeout, channel, prefix, waiters, subscribed, data_loss, commands, background })
     }
 
+    /// Where the store is, for a log line (see `Links::describe`).
+    pub fn describe(&self) -> String {
+        self.links.describe()
+    }
+
     /// The deadline of one call (`store.timeout`).
     pub fn timeout(&self) -> Duration {
         self.timeout

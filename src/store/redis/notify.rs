@@ -30,6 +30,8 @@ pub(super) async fn subscribe(links: Links, channel: String, waiters: Arc<Waiter
         changes.borrow_and_update();
         let clients = links.notify_clients();
         if let Some(client) = clients.get(turn % clients.len().max(1)) {
+            // The node tried, for the log: an address, never credentials.
+            let node = client.get_connection_info().addr().to_string();
             let opened = tokio::time::timeout(SUBSCRIBE_TIMEOUT, async {
                 let mut pubsub = client.get_async_pubsub().await?;
                 pubsub.subscribe(&channel).await.map(|()| pubsub)
@@ -38,7 +40,7 @@ pub(super) async fn subscribe(links: Links, channel: String, waiters: Arc<Waiter
                 Ok(Ok(pubsub)) => {
                     subscribed.store(true, Ordering::Release);
                     if std::mem::take(&mut lost) {
-                        tracing::info!(channel, "store notifications subscribed again");
+                        tracing::info!(node, channel, "store notifications subscribed again");
                     }
                     backoff = Duration::from_millis(100);
                     let mut messages = pubsub.into_on_message();
@@ -60,19 +62,23 @@ pub(super) async fn subscribe(links: Links, channel: String, waiters: Arc<Waiter
                         // The store's links lead to a new primary: subscribe there at once.
                         continue;
                     }
-                    tracing::warn!(channel, "store notification subscription lost; waiters poll until it is back");
+                    tracing::warn!(
+                        node,
+                        channel,
+                        "store notification subscription lost; waiters poll until it is back"
+                    );
                     lost = true;
                 }
                 Ok(Err(e)) if !lost => {
-                    tracing::warn!(error = %e, "cannot subscribe to store notifications; waiters poll until it is back");
+                    tracing::warn!(node, error = %e, "cannot subscribe to store notifications; waiters poll until it is back");
                     lost = true;
                 }
-                Ok(Err(e)) => tracing::debug!(error = %e, "cannot subscribe to store notifications"),
+                Ok(Err(e)) => tracing::debug!(node, error = %e, "cannot subscribe to store notifications"),
                 Err(_) if !lost => {
-                    tracing::warn!("subscribing to store notifications timed out; waiters poll until it is back");
+                    tracing::warn!(node, "subscribing to store notifications timed out; waiters poll until it is back");
                     lost = true;
                 }
-                Err(_) => tracing::debug!("subscribing to store notifications timed out"),
+                Err(_) => tracing::debug!(node, "subscribing to store notifications timed out"),
             }
             turn = turn.wrapping_add(1);
         }

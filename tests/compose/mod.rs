@@ -144,7 +144,7 @@ fn dockerfile_builds_and_ships_both_binaries() {
 /// by some distributions) rejects top-level keys other than these, among them `name:`; and a
 /// `# syntax=` directive makes BuildKit pull a frontend image before building, which fails
 /// offline and behind registries that mirror only base images.
-fn check_portability(compose: &str, dockerfile: &str) -> Vec<String> {
+fn check_portability(compose: &str, dockerfile: &str, manifest: &str) -> Vec<String> {
     const TOP_LEVEL: [&str; 6] = ["version", "services", "volumes", "networks", "secrets", "configs"];
     let mut problems = Vec::new();
     match serde_yaml_ng::from_str::<Value>(compose) {
@@ -157,13 +157,22 @@ fn check_portability(compose: &str, dockerfile: &str) -> Vec<String> {
         }
         other => problems.push(format!("{COMPOSE_FILE}: not a YAML mapping: {other:?}")),
     }
-    // The shipped binaries are stripped (the release profile keeps line tables for profiling).
+    // The shipped binaries are stripped: by the release profile the image builds with, or by
+    // a strip step of its own.
+    let profile_strips = manifest
+        .parse::<toml::Table>()
+        .ok()
+        .and_then(|m| m.get("profile")?.get("release")?.get("strip").cloned())
+        .is_some_and(|strip| strip.as_str() == Some("symbols") || strip.as_bool() == Some(true));
+    let builds_release = dockerfile.lines().any(|l| l.trim_start().starts_with("RUN cargo build --release"));
     for bin in [GATEWAY_BIN, ORDERS_BIN] {
-        let stripped = dockerfile.lines().any(|l| {
+        let strip_step = dockerfile.lines().any(|l| {
             l.trim_start().starts_with("RUN") && l.contains("strip ") && l.contains(&format!("target/release/{bin}"))
         });
-        if !stripped {
-            problems.push(format!("Dockerfile: `{bin}` is shipped unstripped (RUN strip target/release/{bin})"));
+        if !(strip_step || profile_strips && builds_release) {
+            problems.push(format!(
+                "Dockerfile: `{bin}` is shipped unstripped (strip = \"symbols\" in Cargo.toml's [profile.release], or RUN strip target/release/{bin})"
+            ));
         }
     }
     // Parser directives are `# key=value` comments before anything else in the file.
@@ -182,20 +191,24 @@ fn read_repo_file(file: &str) -> String {
 
 #[test]
 fn compose_file_works_with_compose_v1_and_dockerfile_builds_offline() {
-    assert_clean("portability", check_portability(&read_repo_file(COMPOSE_FILE), &read_repo_file("Dockerfile")));
+    assert_clean(
+        "portability",
+        check_portability(&read_repo_file(COMPOSE_FILE), &read_repo_file("Dockerfile"), &read_repo_file("Cargo.toml")),
+    );
 }
 
 #[test]
 fn broken_portability_is_caught() {
     let dockerfile = read_repo_file("Dockerfile");
     let compose = read_repo_file(COMPOSE_FILE);
-    assert_caught(check_portability(&format!("name: demo\n{compose}"), &dockerfile), "top-level `name:`");
+    let manifest = read_repo_file("Cargo.toml");
+    assert_caught(check_portability(&format!("name: demo\n{compose}"), &dockerfile, &manifest), "top-level `name:`");
     assert_caught(
-        check_portability(&compose, &format!("# syntax=docker/dockerfile:1\n{dockerfile}")),
+        check_portability(&compose, &format!("# syntax=docker/dockerfile:1\n{dockerfile}"), &manifest),
         "fetch a frontend image",
     );
     assert_caught(
-        check_portability(&compose, &dockerfile.replace("RUN strip target/release/idemgate", "RUN true")),
+        check_portability(&compose, &dockerfile, &manifest.replace("strip = \"symbols\"", "strip = \"none\"")),
         "`idemgate` is shipped unstripped",
     );
 }
