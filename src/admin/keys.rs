@@ -198,16 +198,18 @@ pub(super) fn record_of(
 fn per_caller(route: &IdempotentRoute) -> String {
     let sources = route.policy.scope.sources();
     let named: Vec<String> = sources.iter().map(|s| s.describe()).collect();
-    let mut headers: Vec<String> = sources.iter().map(|s| format!("Scope-{}", s.header())).collect();
+    // Two cookies are one Cookie header.
+    let mut headers: Vec<String> = sources.iter().map(|s| s.header().to_string()).collect();
     headers.dedup();
+    let sent: Vec<String> = headers.iter().map(|h| format!("Scope-{h}")).collect();
     format!(
         "Route {:?} keeps keys per caller (scope: {}): a key has no record without its caller. Send the \
          caller's {} header(s) as {}, or give scope_hash (idemgate keys: IDEMGATE_SCOPE_<NAME> variables, \
          --scope-stdin, or --scope-hash).",
         route.name,
         named.join(", "),
-        sources.iter().map(|s| s.header().to_string()).collect::<Vec<_>>().join(", "),
-        headers.join(", ")
+        headers.join(", "),
+        sent.join(", ")
     )
 }
 

@@ -282,26 +282,34 @@ impl Metrics {
         };
         let idempotent = produces.idempotent;
         RouteMetrics {
-            outcomes: PerLabel::new(|outcome| match produces.outcome(outcome) {
-                true => self.requests.get_or_create(&RouteOutcome { route: route.to_owned(), outcome }).clone(),
-                false => Counter::default(),
+            outcomes: PerLabel::new(|outcome| {
+                let label = RouteOutcome { route: route.to_owned(), outcome };
+                if produces.outcome(outcome) { self.requests.get_or_create(&label).clone() } else { Counter::default() }
             }),
-            released: PerLabel::new(|reason| match idempotent {
-                true => self.released.get_or_create(&RouteReason { route: route.to_owned(), reason }).clone(),
-                false => Counter::default(),
+            released: PerLabel::new(|reason| {
+                let label = RouteReason { route: route.to_owned(), reason };
+                if idempotent { self.released.get_or_create(&label).clone() } else { Counter::default() }
             }),
             lease_lost: shown(idempotent, &self.lease_lost),
             store_errors: shown(idempotent, &self.store_errors),
             store_write_failed: shown(idempotent, &self.store_write_failed),
             outcome_unknown: shown(idempotent, &self.outcome_unknown),
             not_stored: shown(idempotent, &self.not_stored),
-            reconciliations: PerLabel::new(|result| match produces.reconciles {
-                true => self.reconciliations.get_or_create(&RouteResult { route: route.to_owned(), result }).clone(),
-                false => Counter::default(),
+            reconciliations: PerLabel::new(|result| {
+                let label = RouteResult { route: route.to_owned(), result };
+                if produces.reconciles {
+                    self.reconciliations.get_or_create(&label).clone()
+                } else {
+                    Counter::default()
+                }
             }),
-            request_seconds: PerLabel::new(|outcome| match produces.outcome(outcome) {
-                true => self.request_seconds.get_or_create(&RouteOutcome { route: route.to_owned(), outcome }).clone(),
-                false => latency_histogram(),
+            request_seconds: PerLabel::new(|outcome| {
+                let label = RouteOutcome { route: route.to_owned(), outcome };
+                if produces.outcome(outcome) {
+                    self.request_seconds.get_or_create(&label).clone()
+                } else {
+                    latency_histogram()
+                }
             }),
             upstream_seconds: UPSTREAM_CLASSES
                 .iter()

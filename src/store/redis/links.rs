@@ -84,6 +84,8 @@ pub(super) struct Links {
     nodes: Option<Arc<Nodes>>,
     /// Where `store.url` says the store is, without credentials (see `describe`).
     configured: Arc<str>,
+    /// The primary is the one the Sentinels name, followed through failovers.
+    followed: bool,
 }
 
 /// Direct connections to a Cluster's nodes, made when a call is first redirected to one.
@@ -156,15 +158,16 @@ impl Links {
                 let access = NodeAccess { scheme, auth, certs };
                 let nodes = Nodes { access, timeout, connections: Default::default() };
                 return Ok(Opened {
-                    links: Links::new(current, true, Some(Arc::new(nodes)), configured),
+                    links: Links::new(current, true, Some(Arc::new(nodes)), configured, false),
                     sentinels: None,
                 });
             }
         };
-        Ok(Opened { links: Links::new(current, cluster, None, configured), sentinels })
+        let followed = sentinels.is_some();
+        Ok(Opened { links: Links::new(current, cluster, None, configured, followed), sentinels })
     }
 
-    fn new(current: Current, cluster: bool, nodes: Option<Arc<Nodes>>, configured: Arc<str>) -> Self {
+    fn new(current: Current, cluster: bool, nodes: Option<Arc<Nodes>>, configured: Arc<str>, followed: bool) -> Self {
         Links {
             current: Arc::new(ArcSwap::from_pointee(current)),
             next: Arc::new(AtomicUsize::new(0)),
@@ -173,6 +176,7 @@ impl Links {
             trouble: Arc::new(Notify::new()),
             nodes,
             configured,
+            followed,
         }
     }
 
@@ -183,7 +187,7 @@ impl Links {
             return self.configured.to_string();
         }
         match self.current.load().notify.first() {
-            Some(primary) if self.configured.starts_with("sentinel") => {
+            Some(primary) if self.followed => {
                 format!("{}, primary {}", self.configured, primary.get_connection_info().addr())
             }
             _ => self.configured.to_string(),
