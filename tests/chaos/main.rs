@@ -8,6 +8,7 @@
 //! ```text
 //! cargo test --test chaos              # every scenario
 //! cargo test --test chaos -- storm     # scenarios whose name contains "storm"
+//! CHAOS_LANES=1 cargo test --test chaos # one scenario at a time (default: two at once)
 //! ```
 
 #[path = "../support/mod.rs"]
@@ -17,48 +18,90 @@ mod common;
 mod ledger;
 mod scenarios;
 
-use std::panic::AssertUnwindSafe;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures_util::FutureExt;
+use tokio::sync::Semaphore;
 
 /// A scenario must finish within this, or it fails.
 const SCENARIO_LIMIT: Duration = Duration::from_secs(180);
 
 fn main() -> ExitCode {
     let filters: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().unwrap();
-    let mut rows = Vec::new();
-    for (name, scenario) in scenarios::ALL {
-        if !filters.is_empty() && !filters.iter().any(|f| name.contains(f.as_str())) {
-            continue;
+    let lanes = match lanes() {
+        Ok(lanes) => lanes,
+        Err(message) => {
+            eprintln!("chaos: {message}");
+            return ExitCode::from(2);
         }
-        eprintln!("chaos: {name} ...");
-        let started = Instant::now();
-        let outcome = runtime.block_on(async {
-            AssertUnwindSafe(tokio::time::timeout(SCENARIO_LIMIT, scenario())).catch_unwind().await
-        });
-        let seconds = started.elapsed().as_secs_f64();
-        let (report, verdict) = match outcome {
-            Ok(Ok(report)) => (report, "pass".to_owned()),
-            Ok(Err(_)) => (common::Report::default(), format!("FAIL: over {}s", SCENARIO_LIMIT.as_secs())),
-            Err(panic) => (common::Report::default(), format!("FAIL: {}", panic_message(&panic))),
-        };
-        eprintln!("chaos: {name}: {verdict} ({seconds:.1}s)");
-        rows.push((*name, report, verdict, seconds));
-    }
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().unwrap();
+    let selected: Vec<_> = scenarios::ALL
+        .iter()
+        .filter(|(name, _)| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str())))
+        .collect();
+    // Scenarios mostly wait (on failovers, outages, leases), so `lanes` of them run at once,
+    // each as its own task, started in the table's order. Each owns its Redis, gateways and
+    // ledger on ports of its own, so they share nothing but the machine.
+    let began = Instant::now();
+    let rows = runtime.block_on(async {
+        let permits = Arc::new(Semaphore::new(lanes));
+        let runs: Vec<_> = selected
+            .iter()
+            .map(|&&(name, scenario)| {
+                let permits = permits.clone();
+                tokio::spawn(async move {
+                    let _lane = permits.acquire_owned().await.expect("the semaphore is never closed");
+                    eprintln!("chaos: {name} ...");
+                    let started = Instant::now();
+                    let outcome = tokio::spawn(tokio::time::timeout(SCENARIO_LIMIT, scenario())).await;
+                    let seconds = started.elapsed().as_secs_f64();
+                    let (report, verdict) = match outcome {
+                        Ok(Ok(report)) => (report, "pass".to_owned()),
+                        Ok(Err(_)) => (common::Report::default(), format!("FAIL: over {}s", SCENARIO_LIMIT.as_secs())),
+                        Err(failed) => (common::Report::default(), format!("FAIL: {}", failure_message(failed))),
+                    };
+                    eprintln!("chaos: {name}: {verdict} ({seconds:.1}s)");
+                    (name, report, verdict, seconds)
+                })
+            })
+            .collect();
+        let mut rows = Vec::with_capacity(runs.len());
+        for run in runs {
+            rows.push(run.await.expect("a scenario's runner never panics"));
+        }
+        rows
+    });
     print_table(&rows);
     let passed = rows.iter().filter(|(_, _, verdict, _)| verdict == "pass").count();
     let failed = rows.len() - passed;
     let filtered = scenarios::ALL.len() - rows.len();
-    let seconds: f64 = rows.iter().map(|(_, _, _, s)| s).sum();
+    let seconds = began.elapsed().as_secs_f64();
     // libtest's summary line, so that whatever sums cargo's summaries counts these too.
     println!(
         "test result: {}. {passed} passed; {failed} failed; 0 ignored; 0 measured; {filtered} filtered out; finished in {seconds:.2}s",
         if failed == 0 { "ok" } else { "FAILED" }
     );
     if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}
+
+/// How many scenarios run at once: `CHAOS_LANES` (1 runs them one by one), 2 by default.
+fn lanes() -> Result<usize, String> {
+    match std::env::var("CHAOS_LANES") {
+        Err(_) => Ok(2),
+        Ok(text) => match text.trim().parse::<usize>() {
+            Ok(n) if (1..=16).contains(&n) => Ok(n),
+            _ => Err(format!("CHAOS_LANES must be a whole number from 1 to 16, not {text:?}")),
+        },
+    }
+}
+
+fn failure_message(failed: tokio::task::JoinError) -> String {
+    match failed.try_into_panic() {
+        Ok(panic) => panic_message(&panic),
+        Err(failed) => failed.to_string(),
+    }
 }
 
 fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {

@@ -2,7 +2,7 @@
 //! call anyway and stores the result; each client's retry is answered from the store.
 //! Guarantee: one execution per key, and the retry gets its result.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::io::AsyncWriteExt;
 use tokio::task::JoinSet;
@@ -38,6 +38,12 @@ pub async fn run() -> Report {
         });
     }
     hangups.join_all().await;
+    // The gateway may read a request only after its client has gone (on a busy machine, later
+    // than the client's 100 ms): wait, bounded, for every key to arrive before counting.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while (0..KEYS).any(|k| ledger.arrivals(&key(k)) == 0) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     for k in 0..KEYS {
         assert_eq!(ledger.arrivals(&key(k)), 1, "key {k} reached the upstream");
     }
