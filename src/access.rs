@@ -34,6 +34,8 @@ pub struct Notes {
     pub wait: Duration,
     /// Time spent on the upstream exchange, if there was one.
     pub upstream: Option<Duration>,
+    /// On a route in observe mode: what enforcement would have done.
+    pub observed: Option<crate::metrics::Would>,
     /// The request's span, when it is traced (`[telemetry]`); its phases add theirs below it.
     pub span: Option<crate::telemetry::RequestSpan>,
 }
@@ -66,6 +68,7 @@ fn event(route: &str, method: &Method, outcome: Outcome, status: StatusCode, tot
         route,
         method = %method,
         outcome = outcome.as_str(),
+        would = notes.observed.map(crate::metrics::Would::as_str),
         status = status.as_u16(),
         attempt = notes.attempt,
         total_ms = ms(total),
@@ -119,6 +122,9 @@ fn fields<const JSON: bool>(
     line.quoted("route", route);
     line.displayed("method", method.as_str());
     line.word("outcome", outcome.as_str());
+    if let Some(would) = notes.observed {
+        line.word("would", would.as_str());
+    }
     line.number("status", u64::from(status.as_u16()));
     if let Some(attempt) = notes.attempt {
         line.number("attempt", u64::from(attempt));
@@ -368,11 +374,14 @@ mod tests {
             store: Duration::from_micros(369),
             wait: Duration::from_micros(2_000_000),
             upstream: Some(Duration::from_micros(96_655)),
+            observed: None,
             span: None,
         };
+        let observed = Notes { observed: Some(crate::metrics::Would::Conflict), ..Notes::default() };
         let bare = Notes::default();
         let odd = Notes { record: Some("quote\" and \\ and \u{1}".into()), ..Notes::default() };
-        let cases: [(&str, Method, Outcome, u16, u64, &Notes); 4] = [
+        let cases: [(&str, Method, Outcome, u16, u64, &Notes); 5] = [
+            ("orders", Method::POST, Outcome::Observed, 201, 3_100, &observed),
             ("orders", Method::POST, Outcome::Executed, 201, 710, &full),
             ("pass", Method::GET, Outcome::PassedThrough, 200, 0, &bare),
             ("ünïcode \"route\"\t", Method::from_bytes(b"PURGE").expect("method"), Outcome::Rejected, 400, 21, &odd),

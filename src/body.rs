@@ -115,6 +115,79 @@ where
     }
 }
 
+/// A request body as a route that only observes reads it ([`read_or_pass`]).
+pub enum Readout {
+    /// The whole body, within the limit and the deadline.
+    Whole(Bytes),
+    /// Not read whole, for the reason given: what was read, then the rest as it comes, to be
+    /// forwarded as a pass-through route forwards it.
+    Unread(Unread, Body),
+}
+
+/// Why a body was not read whole ([`Readout::Unread`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unread {
+    /// Over the limit (declared, or as it arrived).
+    TooLarge,
+    /// Not all there by the deadline.
+    Slow,
+    /// The client's connection failed mid-body.
+    Broken,
+}
+
+/// Reads a request body whole when it fits in `limit` bytes and arrives within `deadline`;
+/// otherwise hands back what was read followed by the rest, so that nothing is lost and the
+/// upstream gets the body a pass-through route would send it (the gateway never answers for
+/// a body on a route that only observes).
+pub async fn read_or_pass(
+    headers: &HeaderMap,
+    mut body: hyper::body::Incoming,
+    limit: usize,
+    deadline: std::time::Duration,
+) -> Readout {
+    let declared =
+        headers.get(http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Readout::Unread(Unread::TooLarge, boxed(body));
+    }
+    let until = tokio::time::Instant::now() + deadline;
+    let mut read: Vec<http_body::Frame<Bytes>> = Vec::new();
+    let mut size = 0usize;
+    loop {
+        let frame = match tokio::time::timeout_at(until, body.frame()).await {
+            Err(_) => return Readout::Unread(Unread::Slow, then(read, boxed(body))),
+            Ok(None) => break,
+            Ok(Some(Err(e))) => {
+                let failed =
+                    futures_util::stream::once(async move { Err::<http_body::Frame<Bytes>, BoxError>(e.into()) });
+                return Readout::Unread(
+                    Unread::Broken,
+                    then(read, http_body_util::StreamBody::new(failed).boxed_unsync()),
+                );
+            }
+            Ok(Some(Ok(frame))) => frame,
+        };
+        size += frame.data_ref().map_or(0, Bytes::len);
+        read.push(frame);
+        if size > limit {
+            return Readout::Unread(Unread::TooLarge, then(read, boxed(body)));
+        }
+    }
+    let mut whole = BytesMut::with_capacity(size);
+    // Trailers are not part of what is fingerprinted or forwarded, as on an enforcing route.
+    for data in read.into_iter().filter_map(|frame| frame.into_data().ok()) {
+        whole.extend_from_slice(&data);
+    }
+    Readout::Whole(whole.freeze())
+}
+
+/// A body that yields `first`, then whatever `rest` holds.
+fn then(first: Vec<http_body::Frame<Bytes>>, rest: Body) -> Body {
+    let head = futures_util::stream::iter(first.into_iter().map(Ok::<_, BoxError>));
+    let tail = http_body_util::BodyStream::new(rest);
+    http_body_util::StreamBody::new(futures_util::StreamExt::chain(head, tail)).boxed_unsync()
+}
+
 /// A body held in shared buffers: one, as a store returns it, or the pieces an upstream's
 /// answer arrived in. The pieces are never joined: the client's answer and the store's write
 /// both read them where they are, so a captured answer is not copied by the gateway itself.

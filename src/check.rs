@@ -43,7 +43,7 @@ fn host<B>(request: &Request<B>) -> Result<(), GatewayError> {
 
 /// Refuses a keyed request whose `Connection` names a header `policy` reads, or that asks to
 /// switch protocols.
-fn keyed(headers: &HeaderMap, policy: &IdempotencyPolicy) -> Result<(), GatewayError> {
+pub fn keyed(headers: &HeaderMap, policy: &IdempotencyPolicy) -> Result<(), GatewayError> {
     for token in headers::connection_tokens(headers) {
         let needed = [&policy.header, &header::CONTENT_TYPE, &header::CONTENT_LENGTH, &header::HOST]
             .into_iter()

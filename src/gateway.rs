@@ -27,7 +27,7 @@ use crate::idempotent;
 use crate::metrics::{Metrics, Outcome, Produces};
 use crate::path;
 use crate::policy::errors::ErrorShape;
-use crate::policy::{IdempotencyPolicy, StoreFailurePolicy};
+use crate::policy::{IdempotencyPolicy, Mode, StoreFailurePolicy};
 use crate::proxy;
 use crate::router::{RouteSpec, Router, RouterError};
 use crate::runtime::{IdempotentRoute, RequestSettings, Route, Routed, Runtime};
@@ -68,6 +68,7 @@ fn produces(policy: Option<&IdempotencyPolicy>) -> Produces {
         quota: p.max_new_keys.is_some(),
         fail_open: p.on_store_error == StoreFailurePolicy::FailOpen,
         reconciles: p.reconcile.is_some(),
+        observes: p.mode == Mode::Observe,
     })
 }
 
@@ -132,11 +133,17 @@ impl Gateway {
             };
             routes.push(match &r.idempotency {
                 None => Routed::Plain(Arc::new(route)),
-                Some(policy) => Routed::Idempotent(Arc::new(IdempotentRoute {
-                    route,
-                    policy: Arc::clone(policy),
-                    settings: Arc::clone(&settings),
-                })),
+                Some(policy) => {
+                    let route = Arc::new(IdempotentRoute {
+                        route,
+                        policy: Arc::clone(policy),
+                        settings: Arc::clone(&settings),
+                    });
+                    match policy.mode {
+                        Mode::Enforce => Routed::Idempotent(route),
+                        Mode::Observe => Routed::Observed(route),
+                    }
+                }
             });
         }
         let router = Router::new(config.routes.iter().zip(&routes).map(|(r, route)| RouteSpec {
@@ -171,10 +178,10 @@ impl Gateway {
         &self.settings.problem_base
     }
 
-    /// The idempotent route named `name`.
+    /// The idempotent route named `name`, enforcing or observing (both claim keys).
     pub fn idempotent_route(&self, name: &str) -> Option<&Arc<IdempotentRoute>> {
         self.routes.iter().find_map(|r| match r {
-            Routed::Idempotent(route) if route.name == name => Some(route),
+            Routed::Idempotent(route) | Routed::Observed(route) if route.name == name => Some(route),
             _ => None,
         })
     }
@@ -218,6 +225,10 @@ impl Gateway {
             Routed::Idempotent(route) => {
                 let handler = idempotent::Handler { rt: &self.runtime, connection, route, notes: &mut notes };
                 Box::pin(idempotent::handle(handler, request)).await
+            }
+            Routed::Observed(route) => {
+                let handler = idempotent::Handler { rt: &self.runtime, connection, route, notes: &mut notes };
+                Box::pin(idempotent::observe(handler, request)).await
             }
         };
         let route = routed.route();

@@ -26,12 +26,16 @@ use crate::upstream::{Upstream, UpstreamError};
 
 /// Streams a request on a plain route to its upstream and back, timing the exchange for the
 /// route's upstream latency and the access line.
-pub async fn pass_through(
+pub async fn pass_through<B>(
     route: &Route,
-    request: Request<Incoming>,
+    request: Request<B>,
     connection: &Arc<Connection>,
     notes: &mut Notes,
-) -> Result<Response<Body>, UpstreamError> {
+) -> Result<Response<Body>, UpstreamError>
+where
+    B: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    B::Error: Into<crate::body::BoxError>,
+{
     let sent = Instant::now();
     let mut request = request;
     // Traced: the upstream gets the gateway's span as its parent.

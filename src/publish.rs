@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 
 use crate::config::RouteConfig;
 use crate::policy::scope::{MissingScope, ScopeSource};
-use crate::policy::{IdempotencyPolicy, StoreFailurePolicy, UnknownOutcomePolicy};
+use crate::policy::{IdempotencyPolicy, Mode, StoreFailurePolicy, UnknownOutcomePolicy};
 
 /// A duration the way the config writes it: `"24h"`, `"10s"`, `"250ms"`.
 fn duration(d: Duration) -> String {
@@ -110,7 +110,15 @@ pub fn markdown(routes: &[RouteConfig]) -> String {
     );
     for route in routes {
         let Some(p) = &route.idempotency else { continue };
-        let _ = write!(out, "\n## {} {} (route `{}`)\n\n| | |\n|---|---|\n", methods(route), route.path, route.name);
+        let _ = write!(out, "\n## {} {} (route `{}`)\n\n", methods(route), route.path, route.name);
+        if p.mode == Mode::Observe {
+            out.push_str(
+                "**Observed only: not enforced yet.** Every request, retries included, is forwarded as \
+                 sent and answered by the API itself, with no replay and no refusal. Send keys as below \
+                 now: the table is what this route enforces once it does.\n\n",
+            );
+        }
+        out.push_str("| | |\n|---|---|\n");
         let mut row = |name: &str, value: String| {
             let _ = writeln!(out, "| {name} | {} |", value.replace('|', "\\|"));
         };
@@ -192,6 +200,7 @@ pub fn routes_json(routes: &[RouteConfig]) -> Value {
 fn policy_json(p: &IdempotencyPolicy) -> Value {
     let ms = |d: Duration| d.as_millis() as u64;
     json!({
+        "mode": p.mode.as_str(),
         "header": p.header.as_str(),
         "required": p.required,
         "max_key_len": p.max_key_len,
@@ -233,7 +242,7 @@ mod tests {
             route("held", ""),
             route("released", "on_unknown_outcome = \"release\""),
             route("asked", "[routes.idempotency.reconcile]\npath = \"/asked/lookup?key={key}\""),
-        );
+        ) + &route("watched", "mode = \"observe\"");
         Config::from_toml(&toml, "<test>").unwrap().routes
     }
 
@@ -267,6 +276,19 @@ mod tests {
         let differ: Vec<_> = held.iter().zip(&asked).filter(|(a, b)| a != b).collect();
         assert_eq!(differ.len(), 1, "{differ:?}");
         assert!(differ[0].0.starts_with(ROW));
+    }
+
+    /// A route that only observes says so first: its clients get no guarantee yet.
+    #[test]
+    fn a_route_that_only_observes_says_nothing_is_enforced_yet() {
+        let routes = routes();
+        let markdown = super::markdown(&routes);
+        let watched = section(&markdown, "watched");
+        assert!(watched.contains("**Observed only: not enforced yet.**"), "{watched}");
+        assert!(!section(&markdown, "held").contains("Observed only"), "{markdown}");
+        let json = super::routes_json(&routes);
+        assert_eq!(json[3]["idempotency"]["mode"], "observe");
+        assert_eq!(json[0]["idempotency"]["mode"], "enforce");
     }
 
     #[test]

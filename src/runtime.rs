@@ -123,13 +123,16 @@ pub enum Routed {
     Plain(Arc<Route>),
     /// A route with a `[routes.idempotency]` table.
     Idempotent(Arc<IdempotentRoute>),
+    /// A route with a `[routes.idempotency]` table in observe mode (`mode = "observe"`).
+    Observed(Arc<IdempotentRoute>),
 }
 
 impl Routed {
-    /// The idempotency policy, on an idempotent route.
+    /// The idempotency policy a request is held to: an enforcing route's (a route that only
+    /// observes checks requests as a pass-through route does).
     pub fn policy(&self) -> Option<&IdempotencyPolicy> {
         match self {
-            Self::Plain(_) => None,
+            Self::Plain(_) | Self::Observed(_) => None,
             Self::Idempotent(route) => Some(&route.policy),
         }
     }
@@ -138,7 +141,7 @@ impl Routed {
     pub fn route(&self) -> &Route {
         match self {
             Self::Plain(route) => route,
-            Self::Idempotent(route) => route,
+            Self::Idempotent(route) | Self::Observed(route) => route,
         }
     }
 }

@@ -573,3 +573,32 @@ fn check_command_reports_a_missing_file() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/gateway.toml: cannot read"));
 }
+
+#[test]
+fn mode_is_enforce_or_observe_and_observing_without_an_admin_listener_is_warned_about() {
+    let config = Config::from_toml(MINIMAL, "t").unwrap();
+    assert_eq!(config.routes[0].idempotency.as_ref().unwrap().mode, idemgate::policy::Mode::Enforce);
+    let observing = MINIMAL.replace("[routes.idempotency]", "[routes.idempotency]\nmode = \"observe\"");
+    let config = Config::from_toml(&observing, "t").unwrap();
+    assert_eq!(config.routes[0].idempotency.as_ref().unwrap().mode, idemgate::policy::Mode::Observe);
+    for bad in ["\"Observe\"", "\"shadow\"", "\"\"", "true", "1"] {
+        let text = MINIMAL.replace("[routes.idempotency]", &format!("[routes.idempotency]\nmode = {bad}"));
+        let issues = issues_of(&text);
+        assert!(issues.iter().any(|(k, _)| k == "routes[0].idempotency.mode"), "mode = {bad}: {issues:#?}");
+    }
+    assert_issue(
+        &MINIMAL.replace("[routes.idempotency]", "[routes.idempotency]\nmode = \"shadow\""),
+        "routes[0].idempotency.mode",
+        "\"shadow\" is neither \"enforce\" nor \"observe\"",
+    );
+    let (ok, _, stderr) = check(&observing);
+    assert!(ok, "{stderr}");
+    assert!(
+        stderr.contains("warning: routes[0].idempotency.mode: \"observe\" counts what enforcing would do"),
+        "{stderr}"
+    );
+    let with_admin = observing
+        .replace("listen = \"127.0.0.1:8080\"", "listen = \"127.0.0.1:8080\"\nadmin_listen = \"127.0.0.1:9090\"");
+    let (ok, _, stderr) = check(&with_admin);
+    assert!(ok && !stderr.contains("idempotency.mode"), "{stderr}");
+}

@@ -24,6 +24,7 @@ mod keys_cli;
 mod kubernetes;
 mod listener_tls;
 mod observability;
+mod observe;
 mod reconcile;
 mod redis_tls;
 mod redis_tls_topologies;

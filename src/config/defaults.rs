@@ -39,6 +39,8 @@ pub const RETENTION: Duration = Duration::from_secs(24 * 3600);
 pub const STORE_STATUSES: &[&str] = &["2xx", "3xx", "4xx", "!400", "!408", "!409", "!422", "!425", "!429"];
 pub const ON_MISSING_SCOPE: &str = "reject";
 pub const ON_UNKNOWN_OUTCOME: &str = "hold";
+/// `routes.idempotency.mode`: enforce the policy.
+pub const MODE: &str = "enforce";
 pub const ATTEMPT_HEADER: &str = "idempotency-attempt";
 pub const MAX_REQUEST_BODY: u64 = 1 << 20;
 pub const MAX_STORED_BODY: u64 = 1 << 20;

@@ -215,6 +215,9 @@ pub struct RouteSection {
 /// `[routes.idempotency]`
 #[derive(Debug, Default, Deserialize)]
 pub struct IdempotencySection {
+    /// `"enforce"` (the default) or `"observe"`: forward everything as a pass-through route
+    /// would, and count what enforcing would have done.
+    pub mode: Option<String>,
     /// Reject requests without a key (400) instead of passing them through.
     pub required: Option<bool>,
     /// Name of the key header.

@@ -71,7 +71,7 @@ fn slots(rt: &Runtime, connection: &Arc<Connection>) -> Option<Slots> {
 /// when the budget is spent. Only first attempts count: a re-run of a released key is not a
 /// new key. A store that fails to count lets the request through (the claim just succeeded,
 /// so the store is up; the budget is a guard against floods, not a guarantee).
-async fn new_key_budget(
+pub(super) async fn new_key_budget(
     rt: &Runtime,
     route: &IdempotentRoute,
     scope: &Scope,

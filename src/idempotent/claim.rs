@@ -76,18 +76,8 @@ async fn claim_or_wait(
     spent: &mut Spent,
 ) -> Result<Claim, StoreError> {
     let (store, policy) = (&*rt.store, &*route.policy);
-    let (record, owner, fingerprint) = (&claimant.record, claimant.owner, &claimant.fingerprint);
-    let terms = terms(policy);
-    let ttl = terms.ttl;
-    let claim_once = || async {
-        // Armed while the call is on the wire: if this future is dropped there, the claim
-        // (which Redis may have applied) is released in the background.
-        let mut guard = Ghost { rt, record, owner, ttl, armed: true };
-        let started = Instant::now();
-        let claim = store.claim(record, fingerprint, owner, terms).await;
-        guard.armed = false;
-        (claim, started)
-    };
+    let record = &claimant.record;
+    let claim_once = || once(rt, route, claimant);
     let (first, sent) = claim_once().await;
     let took = sent.elapsed();
     spent.last_sent = Some(sent);
@@ -147,6 +137,19 @@ async fn claim_or_wait(
             }
         };
     }
+}
+
+/// One claim call, and when it was sent. Armed while the call is on the wire: if this
+/// future is dropped there, the claim (which Redis may have applied) is released in the
+/// background.
+pub async fn once(rt: &Runtime, route: &IdempotentRoute, claimant: &Claimant) -> (Result<Claim, StoreError>, Instant) {
+    let terms = terms(&route.policy);
+    let (record, owner) = (&claimant.record, claimant.owner);
+    let mut guard = Ghost { rt, record, owner, ttl: terms.ttl, armed: true };
+    let started = Instant::now();
+    let claim = rt.store.claim(record, &claimant.fingerprint, owner, terms).await;
+    guard.armed = false;
+    (claim, started)
 }
 
 /// The claim phase, as a trace shows it: a `claim` span, and a `wait` span for the time a

@@ -36,6 +36,7 @@ mod claim;
 mod context;
 mod forward;
 mod identify;
+mod observe;
 mod outcome;
 mod reconcile;
 mod settle;
@@ -53,6 +54,7 @@ pub use self::answer::Served;
 use self::context::Claimed;
 pub use self::context::Handler;
 use self::identify::{Identified, Identity};
+pub use self::observe::observe;
 
 /// Serves one request on an idempotent route.
 pub async fn handle(mut h: Handler<'_>, request: Request<Incoming>) -> Result<Served, GatewayError> {

@@ -45,6 +45,9 @@ pub enum Outcome {
     UpstreamFailed,
     /// A gateway bug (500).
     Internal,
+    /// On a route in observe mode: forwarded as on a pass-through route, and what enforcement
+    /// would have done counted (`idemgate_observed_total`).
+    Observed,
 }
 
 impl Outcome {
@@ -64,6 +67,7 @@ impl Outcome {
             Self::PassedThrough => "passed_through",
             Self::UpstreamFailed => "upstream_failed",
             Self::Internal => "internal",
+            Self::Observed => "observed",
         }
     }
 }
@@ -83,6 +87,7 @@ impl Label for Outcome {
         Self::Internal,
         Self::Overloaded,
         Self::QuotaExceeded,
+        Self::Observed,
     ];
     fn index(self) -> usize {
         match self {
@@ -99,7 +104,118 @@ impl Label for Outcome {
             Self::Internal => 10,
             Self::Overloaded => 11,
             Self::QuotaExceeded => 12,
+            Self::Observed => 13,
         }
+    }
+}
+
+/// What enforcement would have done with a request a route in observe mode forwarded
+/// (`idemgate_observed_total{would}`), from the claim's reply or from why there was no claim.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Would {
+    /// No key: 400 with `required = true`, passed through without.
+    MissingKey,
+    /// A key enforcement refuses (400 `key-malformed`).
+    MalformedKey,
+    /// A keyed request without its scope, on a route that rejects it (400 `scope-missing`).
+    MissingScope,
+    /// `Connection` names a header the route reads, or an upgrade is asked (400).
+    UnsafeHeaders,
+    /// A body over `max_request_body` (413); forwarded unobserved.
+    TooLarge,
+    /// A body that did not arrive within the body deadline, or broke off (408, 400);
+    /// forwarded unobserved.
+    UnreadBody,
+    /// A keyed first request: enforcement runs it too.
+    First,
+    /// The same key and request after a stored answer: enforcement replays instead of running
+    /// it again.
+    Replay,
+    /// The same key with another request (422).
+    RejectReuse,
+    /// A new key past the caller's `max_new_keys` budget (429): its claim is given back and
+    /// the request forwarded unclaimed, so that one caller cannot fill the store.
+    Throttle,
+    /// The same key while the first request still runs: a concurrent duplicate (409 after the
+    /// wait, or the first's answer).
+    Conflict,
+    /// The same key while an enforcing gateway holds its outcome as unknown (502, or the
+    /// upstream's answer to a lookup).
+    AnswerUnknown,
+    /// A duplicate the upstream answered differently from the first (status or body).
+    AnswerDiffered,
+    /// A claimed request whose outcome is unknown (sent, no complete answer): its key is
+    /// released, so enforcement never starts with keys held from observing.
+    UnknownOutcome,
+    /// The claim failed or timed out: forwarded at once.
+    StoreError,
+}
+
+impl Would {
+    /// The label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::MissingKey => "missing_key",
+            Self::MalformedKey => "malformed_key",
+            Self::MissingScope => "missing_scope",
+            Self::UnsafeHeaders => "unsafe_headers",
+            Self::TooLarge => "too_large",
+            Self::UnreadBody => "unread_body",
+            Self::First => "first",
+            Self::Replay => "would_replay",
+            Self::RejectReuse => "would_reject_reuse",
+            Self::Throttle => "would_throttle",
+            Self::Conflict => "would_conflict",
+            Self::AnswerUnknown => "would_answer_unknown",
+            Self::AnswerDiffered => "answer_differed",
+            Self::UnknownOutcome => "unknown_outcome",
+            Self::StoreError => "store_error",
+        }
+    }
+}
+
+impl Label for Would {
+    const ALL: &'static [Self] = &[
+        Self::MissingKey,
+        Self::MalformedKey,
+        Self::MissingScope,
+        Self::UnsafeHeaders,
+        Self::TooLarge,
+        Self::UnreadBody,
+        Self::First,
+        Self::Replay,
+        Self::RejectReuse,
+        Self::Conflict,
+        Self::AnswerUnknown,
+        Self::AnswerDiffered,
+        Self::UnknownOutcome,
+        Self::StoreError,
+        Self::Throttle,
+    ];
+    fn index(self) -> usize {
+        match self {
+            Self::MissingKey => 0,
+            Self::MalformedKey => 1,
+            Self::MissingScope => 2,
+            Self::UnsafeHeaders => 3,
+            Self::TooLarge => 4,
+            Self::UnreadBody => 5,
+            Self::First => 6,
+            Self::Replay => 7,
+            Self::RejectReuse => 8,
+            Self::Conflict => 9,
+            Self::AnswerUnknown => 10,
+            Self::AnswerDiffered => 11,
+            Self::UnknownOutcome => 12,
+            Self::StoreError => 13,
+            Self::Throttle => 14,
+        }
+    }
+}
+
+impl EncodeLabelValue for Would {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> Result<(), std::fmt::Error> {
+        encoder.write_str(self.as_str())
     }
 }
 

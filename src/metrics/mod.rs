@@ -19,7 +19,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-pub use self::labels::{Outcome, Reconciliation, ReleaseReason, UPSTREAM_CLASSES, status_class};
+pub use self::labels::{Outcome, Reconciliation, ReleaseReason, UPSTREAM_CLASSES, Would, status_class};
 use self::route::PerLabel;
 pub use self::route::{Produces, RouteMetrics};
 
@@ -44,6 +44,12 @@ struct RouteClass {
 struct RouteResult {
     route: String,
     result: Reconciliation,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct RouteWould {
+    route: String,
+    would: Would,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -135,6 +141,7 @@ pub struct Metrics {
     outcome_unknown: Family<RouteLabel, Counter>,
     not_stored: Family<RouteLabel, Counter>,
     reconciliations: Family<RouteResult, Counter>,
+    observed: Family<RouteWould, Counter>,
     unknown_records: Family<RouteLabel, Gauge>,
     request_seconds: Family<RouteOutcome, Histogram>,
     upstream_seconds: Family<RouteClass, Histogram>,
@@ -196,6 +203,12 @@ impl Default for Metrics {
             "Lookups of unknown outcomes, by result: found (replayed from now on), not_found (released), failed, too_early",
             reconciliations.clone(),
         );
+        let observed = Family::default();
+        registry.register(
+            "observed",
+            "Requests on routes in observe mode, by what enforcement would have done (first, would_replay, would_conflict, would_reject_reuse, missing_key, ...)",
+            observed.clone(),
+        );
         let unknown_records = Family::default();
         registry.register(
             "unknown_records",
@@ -242,6 +255,7 @@ impl Default for Metrics {
             outcome_unknown,
             not_stored,
             reconciliations,
+            observed,
             unknown_records,
         }
     }
@@ -302,6 +316,10 @@ impl Metrics {
                 } else {
                     Counter::default()
                 }
+            }),
+            observed: PerLabel::new(|would| {
+                let label = RouteWould { route: route.to_owned(), would };
+                if produces.observes { self.observed.get_or_create(&label).clone() } else { Counter::default() }
             }),
             request_seconds: PerLabel::new(|outcome| {
                 let label = RouteOutcome { route: route.to_owned(), outcome };
@@ -408,6 +426,7 @@ mod tests {
         indices_are_positions::<Outcome>();
         indices_are_positions::<ReleaseReason>();
         indices_are_positions::<Reconciliation>();
+        indices_are_positions::<Would>();
     }
 
     #[test]
@@ -458,8 +477,14 @@ mod tests {
         assert!(text.contains(r#"idemgate_released_total{route="create-order",reason="status"} 1"#), "{text}");
     }
 
-    const IDEMPOTENT: Produces =
-        Produces { idempotent: true, keyless: false, quota: false, fail_open: false, reconciles: false };
+    const IDEMPOTENT: Produces = Produces {
+        idempotent: true,
+        keyless: false,
+        quota: false,
+        fail_open: false,
+        reconciles: false,
+        observes: false,
+    };
 
     /// A route shows a zero series for every label set it can produce, and none it cannot:
     /// a plain route has no mismatch, lease or reconciliation; a route without a lookup no

@@ -7,7 +7,7 @@ use std::time::Duration;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::histogram::Histogram;
 
-use super::labels::{Label, Outcome, Reconciliation, ReleaseReason};
+use super::labels::{Label, Outcome, Reconciliation, ReleaseReason, Would};
 use super::{LatencyQuantiles, QUANTILE_MIN_SAMPLES};
 
 /// One metric per value of a label, found by [`Label::index`].
@@ -47,16 +47,24 @@ pub struct Produces {
     pub fail_open: bool,
     /// It asks the upstream about unknown outcomes (`[routes.idempotency.reconcile]`).
     pub reconciles: bool,
+    /// It only observes (`mode = "observe"`): it forwards everything and counts what
+    /// enforcement would have done.
+    pub observes: bool,
 }
 
 impl Produces {
     /// A route without idempotency.
     pub const PLAIN: Self =
-        Self { idempotent: false, keyless: true, quota: false, fail_open: false, reconciles: false };
+        Self { idempotent: false, keyless: true, quota: false, fail_open: false, reconciles: false, observes: false };
 
     /// Whether the route can end a request with `outcome`.
     pub fn outcome(self, outcome: Outcome) -> bool {
+        if self.observes {
+            // Every answer is the upstream's, or the error a pass-through route gives.
+            return matches!(outcome, Outcome::Observed | Outcome::UpstreamFailed | Outcome::Internal);
+        }
         match outcome {
+            Outcome::Observed => false,
             Outcome::PassedThrough => self.keyless,
             Outcome::UpstreamFailed => true,
             // A plain route only forwards; everything else is the idempotent path's.
@@ -79,6 +87,7 @@ pub struct RouteMetrics {
     pub(super) outcome_unknown: Counter,
     pub(super) not_stored: Counter,
     pub(super) reconciliations: PerLabel<Reconciliation>,
+    pub(super) observed: PerLabel<Would>,
     pub(super) request_seconds: PerLabel<Outcome, Histogram>,
     /// One histogram per status class, resolved once: no label lookup per request.
     pub(super) upstream_seconds: Vec<(&'static str, Histogram)>,
@@ -127,6 +136,16 @@ impl RouteMetrics {
     /// Counts a lookup of an unknown outcome.
     pub fn reconciled(&self, result: Reconciliation) {
         self.reconciliations.get(result).inc();
+    }
+
+    /// Counts what enforcement would have done with a request a route in observe mode forwarded.
+    pub fn observed(&self, would: Would) {
+        self.observed.get(would).inc();
+    }
+
+    /// The counter of `would`, for a count made later (at the end of a streamed answer).
+    pub fn observed_counter(&self, would: Would) -> Counter {
+        self.observed.get(would).clone()
     }
 
     /// Counts a response delivered but not stored.

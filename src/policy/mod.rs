@@ -29,6 +29,8 @@ use crate::headers::StoredHeaders;
 /// What an idempotent route does, per request.
 #[derive(Debug, Clone)]
 pub struct IdempotencyPolicy {
+    /// Whether the route enforces the policy or only observes what enforcing would do.
+    pub mode: Mode,
     /// A request without a key gets 400 (else it is passed through without idempotency).
     pub required: bool,
     /// The key header.
@@ -69,6 +71,36 @@ pub struct IdempotencyPolicy {
     pub max_new_keys: Option<Quota>,
     /// How an unknown outcome is asked of the upstream (`[routes.idempotency.reconcile]`).
     pub reconcile: Option<Reconcile>,
+}
+
+/// `mode`: whether a route enforces its policy, or forwards every request as a pass-through
+/// route would and counts what enforcing would have done (to adopt the gateway on a live API).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Claim, replay, refuse: the gateway's guarantees.
+    Enforce,
+    /// Answer every request exactly as a pass-through route would; claim keyed requests
+    /// (one store round trip), settle the first one's answer, count the rest.
+    Observe,
+}
+
+impl Mode {
+    /// Parses `"enforce"` or `"observe"`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        match text {
+            "enforce" => Ok(Self::Enforce),
+            "observe" => Ok(Self::Observe),
+            other => Err(format!("{other:?} is neither \"enforce\" nor \"observe\"")),
+        }
+    }
+
+    /// The configuration's word for it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Enforce => "enforce",
+            Self::Observe => "observe",
+        }
+    }
 }
 
 /// A budget of new keys: `count` per `window` (`"100/s"`, `"6000/m"`, `"50/10s"`).

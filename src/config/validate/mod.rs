@@ -123,6 +123,13 @@ pub(super) fn warnings(config: &Config) -> Vec<Issue> {
     }
     for (i, route) in config.routes.iter().enumerate() {
         let Some(policy) = &route.idempotency else { continue };
+        if policy.mode == crate::policy::Mode::Observe && config.server.admin_listen.is_none() {
+            out.add(
+                format!("routes[{i}].idempotency.mode"),
+                "\"observe\" counts what enforcing would do in metrics the admin listener serves, and there \
+                 is none: set server.admin_listen to read them (/metrics, idemgate report)",
+            );
+        }
         let key = format!("routes[{i}].idempotency.lease");
         let upstream = config.upstreams.iter().find(|u| u.name == route.upstream);
         if let Some(upstream) = upstream.filter(|u| !policy.renew && policy.lease < u.timeout) {

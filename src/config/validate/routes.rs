@@ -15,7 +15,7 @@ use crate::policy::errors::ErrorShape;
 use crate::policy::fingerprint::{FingerprintSpec, JsonPointer};
 use crate::policy::reconcile::{LookupPath, Reconcile};
 use crate::policy::scope::{MissingScope, ScopeSource};
-use crate::policy::{IdempotencyPolicy, Quota, StatusSet, StoreFailurePolicy, UnknownOutcomePolicy};
+use crate::policy::{IdempotencyPolicy, Mode, Quota, StatusSet, StoreFailurePolicy, UnknownOutcomePolicy};
 use crate::router::{RouteSpec, Router, RouterError};
 
 /// Longest key anyone could reasonably need; bounds the work done per key.
@@ -126,6 +126,7 @@ fn policy(key: &str, s: &IdempotencySection, issues: &mut Issues) -> Option<Idem
         &format!("{key}.on_missing_scope"),
         MissingScope::parse(s.on_missing_scope.as_deref().unwrap_or(defaults::ON_MISSING_SCOPE)),
     );
+    let mode = issues.check(&format!("{key}.mode"), Mode::parse(s.mode.as_deref().unwrap_or(defaults::MODE)));
     let on_unknown_outcome = issues.check(
         &format!("{key}.on_unknown_outcome"),
         UnknownOutcomePolicy::parse(s.on_unknown_outcome.as_deref().unwrap_or(defaults::ON_UNKNOWN_OUTCOME)),
@@ -192,6 +193,7 @@ fn policy(key: &str, s: &IdempotencySection, issues: &mut Issues) -> Option<Idem
         );
     }
     Some(IdempotencyPolicy {
+        mode: mode?,
         required: s.required.unwrap_or(true),
         header: header?,
         max_key_len,

@@ -1,0 +1,368 @@
+//! Observe mode (`mode = "observe"`): a route that answers every request exactly as a
+//! pass-through route would, counts what enforcement would have done, and keeps what a switch
+//! to enforce needs, so that no request first sent while observing runs again after it.
+
+use crate::support;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use http::{HeaderMap, Method};
+use support::client::{Client, Reply};
+use support::gateway::{StoreKind, TestGateway};
+use support::gateway_proc::{GatewayProc, Toml};
+use support::redis::RedisServer;
+use support::upstream::TestUpstream;
+
+const TOKEN: (&str, &str) = ("authorization", "Bearer test-admin-token-0123456789");
+const JSON: (&str, &str) = ("content-type", "application/json");
+const CALLER: (&str, &str) = ("x-caller", "acme");
+
+/// An observing route `/orders` on upstream `observed`, and its pass-through twin
+/// `/orders-plain` on upstream `plain`: the same requests, the same upstream behaviour.
+fn twin_config(store: &StoreKind, observed: SocketAddr, plain: SocketAddr) -> String {
+    let store = store.toml(&support::unique("obs"));
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+admin_token = "test-admin-token-0123456789"
+
+[store]
+{store}
+
+[upstreams.observed]
+url = "http://{observed}"
+timeout = "3s"
+
+[upstreams.plain]
+url = "http://{plain}"
+timeout = "3s"
+
+[[routes]]
+name = "orders"
+methods = ["POST"]
+path = "/orders"
+upstream = "observed"
+
+[routes.idempotency]
+mode = "observe"
+scope = "header:x-caller"
+max_key_len = 64
+max_request_body = "1KiB"
+
+[[routes]]
+name = "plain"
+methods = ["POST"]
+path = "/orders-plain"
+upstream = "plain"
+"#
+    )
+}
+
+/// The series `idemgate_observed_total{route, would}` as the admin listener exposes it.
+async fn observed(admin: &Client, route: &str, would: &str) -> u64 {
+    series(admin, &format!("idemgate_observed_total{{route=\"{route}\",would=\"{would}\"}}")).await
+}
+
+async fn series(admin: &Client, name: &str) -> u64 {
+    let text = admin.get("/metrics", &[]).await.body;
+    let text = String::from_utf8_lossy(&text);
+    text.lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.trim().parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no series {name} in /metrics")) as u64
+}
+
+/// The headers a client compares: all but `Date`.
+fn without_date(headers: &HeaderMap) -> Vec<(String, String)> {
+    let mut out: Vec<_> = headers
+        .iter()
+        .filter(|(name, _)| *name != http::header::DATE)
+        .map(|(n, v)| (n.as_str().to_owned(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
+        .collect();
+    out.sort();
+    out
+}
+
+fn assert_same(observed: &Reply, plain: &Reply, what: &str) {
+    assert_eq!(observed.status, plain.status, "{what}: status");
+    assert_eq!(without_date(&observed.headers), without_date(&plain.headers), "{what}: headers");
+    assert_eq!(observed.body, plain.body, "{what}: body");
+}
+
+/// Sends the same request to both routes, and checks that the answers are the same.
+async fn both(client: &Client, headers: &[(&str, &str)], body: &str, what: &str) -> Reply {
+    let observed = client.send(Method::POST, "/orders", headers, body.to_owned()).await;
+    let plain = client.send(Method::POST, "/orders-plain", headers, body.to_owned()).await;
+    assert_same(&observed, &plain, what);
+    observed
+}
+
+/// A realistic mix through an observing route: every answer is the pass-through route's, every
+/// request reaches the upstream exactly once, and every counter is exact.
+async fn a_mix_is_answered_as_passed_through_and_counted(store: StoreKind) {
+    let (up_observed, up_plain) = (TestUpstream::start().await, TestUpstream::start().await);
+    let gw = TestGateway::start(&twin_config(&store, up_observed.addr, up_plain.addr)).await;
+    let (client, admin) = (gw.client(), gw.admin_client());
+    let keyed = |key: &'static str| [JSON, CALLER, ("idempotency-key", key)];
+
+    // A first request, and its retry after the answer: the retry runs again (the upstream
+    // answers it with another execution number: a different answer).
+    let first = both(&client, &keyed("k1"), r#"{"amount":1}"#, "first request").await;
+    assert_eq!(first.status, 201);
+    let retry = both(&client, &keyed("k1"), r#"{"amount":1}"#, "retry after the answer").await;
+    assert_eq!(retry.json()["execution"], 2);
+    // The same key with another body.
+    both(&client, &keyed("k1"), r#"{"amount":2}"#, "reused key").await;
+    // A duplicate while the first still runs (on both routes, in the same order).
+    for up in [&up_observed, &up_plain] {
+        up.set(|b| b.delay = Duration::from_millis(400));
+    }
+    for path in ["/orders", "/orders-plain"] {
+        let (c, p) = (client.clone(), path.to_owned());
+        let running = tokio::spawn(async move {
+            c.send(Method::POST, &p, &[JSON, CALLER, ("idempotency-key", "k2")], r#"{"amount":3}"#).await
+        });
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let dup = client.send(Method::POST, path, &keyed("k2"), r#"{"amount":3}"#).await;
+        assert_eq!(dup.status, 201, "{path}: the duplicate runs too");
+        assert_eq!(running.await.unwrap().status, 201);
+    }
+    for up in [&up_observed, &up_plain] {
+        up.set(|b| b.delay = Duration::ZERO);
+    }
+    // What enforcement would refuse: no key, a malformed key, no scope, a Connection header
+    // naming the key, a body over the limit.
+    both(&client, &[JSON, CALLER], "{}", "no key").await;
+    let long = "k".repeat(100);
+    both(&client, &[JSON, CALLER, ("idempotency-key", &long)], "{}", "malformed key").await;
+    both(&client, &[JSON, ("idempotency-key", "k3")], "{}", "no scope").await;
+    both(&client, &[JSON, CALLER, ("idempotency-key", "k4"), ("connection", "idempotency-key")], "{}", "unsafe").await;
+    let large = format!(r#"{{"pad":"{}"}}"#, "x".repeat(4096));
+    let reply = both(&client, &keyed("k5"), &large, "body over max_request_body").await;
+    assert_eq!(reply.json()["body_len"], large.len(), "the whole body reached the upstream");
+
+    // Every request reached the upstream once, as through the pass-through route.
+    assert_eq!(up_observed.executions(), 10);
+    assert_eq!(up_observed.executions(), up_plain.executions());
+    let (o, p) = (up_observed.seen(), up_plain.seen());
+    for (o, p) in o.iter().zip(&p) {
+        assert_eq!(o.body, p.body, "the upstream got the same body");
+        for name in ["idempotency-key", "connection", "idempotency-attempt"] {
+            assert_eq!(o.headers.get(name), p.headers.get(name), "{name}");
+        }
+    }
+    // Observing adds no header for the upstream either.
+    assert!(o.iter().all(|s| s.headers.get("idempotency-attempt").is_none()));
+
+    for (would, count) in [
+        ("first", 2),
+        ("would_replay", 1),
+        ("answer_differed", 1),
+        ("would_reject_reuse", 1),
+        ("would_conflict", 1),
+        ("missing_key", 1),
+        ("malformed_key", 1),
+        ("missing_scope", 1),
+        ("unsafe_headers", 1),
+        ("too_large", 1),
+        ("unread_body", 0),
+        ("would_answer_unknown", 0),
+        ("unknown_outcome", 0),
+        ("store_error", 0),
+        ("would_throttle", 0),
+    ] {
+        assert_eq!(observed(&admin, "orders", would).await, count, "would={would}");
+    }
+    assert_eq!(series(&admin, "idemgate_requests_total{route=\"orders\",outcome=\"observed\"}").await, 10);
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mix_is_answered_as_passed_through_and_counted_on_memory() {
+    a_mix_is_answered_as_passed_through_and_counted(StoreKind::Memory).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mix_is_answered_as_passed_through_and_counted_on_redis() {
+    a_mix_is_answered_as_passed_through_and_counted(StoreKind::Redis(RedisServer::shared().url())).await;
+}
+
+/// The switch's config: the orders route in `mode`, answers over 1 KiB not stored, an upstream
+/// timeout of 1 s.
+fn switch_config(upstream: SocketAddr, store: &str, mode: &str) -> String {
+    let policy = format!("mode = \"{mode}\"\nmax_stored_body = \"1KiB\"\nlease = \"5s\"\nwait = \"5s\"");
+    Toml {
+        server: "admin_token = \"test-admin-token-0123456789\"",
+        store,
+        upstream_lines: "timeout = \"1s\"",
+        policy: &policy,
+        ..Toml::new(upstream)
+    }
+    .render()
+}
+
+/// Rewrites the running gateway's file with the route in `mode`, and reloads it.
+async fn switch(gw: &GatewayProc, upstream: SocketAddr, store: &str, mode: &str) {
+    std::fs::write(gw.config_path(), switch_config(upstream, store, mode)).unwrap();
+    let reloaded = Client::new(gw.admin).send(Method::POST, "/reload", &[TOKEN], "").await;
+    assert_eq!(reloaded.status, 200, "reload to {mode}: {:?}", reloaded.body);
+}
+
+async fn post(client: &Client, key: &str) -> Reply {
+    client.post_json("/orders", Some(key), r#"{"sku":"A-1"}"#).await
+}
+
+/// Switching a route from observe to enforce by reload, mid-traffic: a request first sent
+/// while observing never runs again (its retry gets its answer replayed, or the
+/// `response-not-stored` answer of a large one; a retry of one still running waits for it);
+/// an unknown outcome observed left its key released; switching back stops enforcing at once.
+async fn switching_to_enforce_runs_nothing_again(store: &str) {
+    let upstream = TestUpstream::start().await;
+    let gw = GatewayProc::start(&switch_config(upstream.addr, store, "observe"));
+    let client = gw.client();
+
+    let small = post(&client, "small").await;
+    assert_eq!(small.status, 201);
+    upstream.set(|b| b.padding = 4000);
+    let large = post(&client, "large").await;
+    assert_eq!((large.status, large.body.len() > 4000), (http::StatusCode::CREATED, true));
+    upstream.set(|b| b.padding = 0);
+    // Sent, and no answer within the upstream's timeout: the pass-through route's 504, and the
+    // key released.
+    upstream.set(|b| b.delay = Duration::from_millis(1500));
+    let lost = post(&client, "lost").await;
+    assert_eq!(lost.status, 504);
+    // Running when the switch comes.
+    upstream.set(|b| b.delay = Duration::from_millis(800));
+    let running = {
+        let client = client.clone();
+        tokio::spawn(async move { post(&client, "running").await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    upstream.set(|b| b.delay = Duration::ZERO);
+    switch(&gw, upstream.addr, store, "enforce").await;
+
+    let waited = post(&client, "running").await;
+    let running = running.await.unwrap();
+    assert_eq!(running.status, 201);
+    assert!(waited.is_replay(), "the retry waited for the running request: {waited:?}");
+    assert_eq!(waited.json()["execution"], running.json()["execution"]);
+    let again = post(&client, "small").await;
+    assert!(again.is_replay(), "{again:?}");
+    assert_eq!(again.json()["execution"], small.json()["execution"]);
+    let again = post(&client, "large").await;
+    assert_eq!(again.problem(), "response-not-stored");
+    // The unknown outcome was released while observing: enforcement runs it (attempt 2)
+    // instead of holding it as unknown.
+    let again = post(&client, "lost").await;
+    assert_eq!(again.status, 201, "{again:?}");
+    let by_key = upstream.executions_by_key();
+    for key in ["small", "large", "running"] {
+        assert_eq!(by_key[key], 1, "{key} ran once: {by_key:?}");
+    }
+    assert_eq!(by_key["lost"], 2);
+    assert_eq!(gw.metric("idemgate_observed_total{route=\"orders\",would=\"unknown_outcome\"}").await, 1.0);
+
+    // Back to observe: enforcing stops at once; the retry runs, and is counted.
+    switch(&gw, upstream.addr, store, "observe").await;
+    let observed = post(&client, "small").await;
+    assert!(!observed.is_replay() && observed.headers.get("idempotent-replay").is_none(), "{observed:?}");
+    assert_eq!(upstream.executions_by_key()["small"], 2);
+    assert_eq!(gw.metric("idemgate_observed_total{route=\"orders\",would=\"would_replay\"}").await, 1.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn switching_to_enforce_runs_nothing_again_on_memory() {
+    switching_to_enforce_runs_nothing_again("backend = \"memory\"").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn switching_to_enforce_runs_nothing_again_on_redis() {
+    let store = format!(
+        "backend = \"redis\"\nurl = \"{}\"\nkey_prefix = \"{}\"",
+        RedisServer::shared().url(),
+        support::unique("switch")
+    );
+    switching_to_enforce_runs_nothing_again(&store).await;
+}
+
+/// A rolling switch: two gateways observing on one Redis, switched to enforce one after the
+/// other while requests and retries go to both. Once the gateway a retry reaches enforces, the
+/// retry never runs: what observing ran first is replayed, whichever gateway ran it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_switch_of_two_gateways_runs_nothing_again() {
+    let upstream = TestUpstream::start().await;
+    let store = format!(
+        "backend = \"redis\"\nurl = \"{}\"\nkey_prefix = \"{}\"",
+        RedisServer::shared().url(),
+        support::unique("rolling")
+    );
+    let (a, b) = (
+        GatewayProc::start(&switch_config(upstream.addr, &store, "observe")),
+        GatewayProc::start(&switch_config(upstream.addr, &store, "observe")),
+    );
+    let (ca, cb) = (a.client(), b.client());
+    // Both observe: first requests on either.
+    for n in 0..10 {
+        let client = if n % 2 == 0 { &ca } else { &cb };
+        assert_eq!(post(client, &format!("k{n}")).await.status, 201);
+    }
+    switch(&a, upstream.addr, &store, "enforce").await;
+    // A enforces, B observes: B's first requests and A's retries; a request running on B while
+    // its retry reaches A.
+    for n in 10..15 {
+        assert_eq!(post(&cb, &format!("k{n}")).await.status, 201);
+    }
+    upstream.set(|b| b.delay = Duration::from_millis(600));
+    let running = {
+        let cb = cb.clone();
+        tokio::spawn(async move { post(&cb, "slow").await })
+    };
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    upstream.set(|b| b.delay = Duration::ZERO);
+    let waited = post(&ca, "slow").await;
+    assert!(waited.is_replay(), "{waited:?}");
+    assert_eq!(running.await.unwrap().json()["execution"], waited.json()["execution"]);
+    for n in 0..15 {
+        let retry = post(&ca, &format!("k{n}")).await;
+        assert!(retry.is_replay(), "k{n} through A: {retry:?}");
+    }
+    switch(&b, upstream.addr, &store, "enforce").await;
+    for n in 0..15 {
+        let retry = post(&cb, &format!("k{n}")).await;
+        assert!(retry.is_replay(), "k{n} through B: {retry:?}");
+    }
+    let by_key = upstream.executions_by_key();
+    assert!(by_key.values().all(|&n| n == 1), "every key ran once: {by_key:?}");
+    assert_eq!(by_key.len(), 16);
+}
+
+/// A caller past `max_new_keys` on an observing route: answered as ever, counted as
+/// `would_throttle`, and its claim given back, so that one caller cannot fill the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_keys_past_the_budget_are_forwarded_unclaimed_and_counted() {
+    let upstream = TestUpstream::start().await;
+    let gw = TestGateway::start(&support::gateway::config(
+        &StoreKind::Memory,
+        upstream.addr,
+        "mode = \"observe\"\nmax_new_keys = \"2/m\"",
+    ))
+    .await;
+    let (client, admin) = (gw.client(), gw.admin_client());
+    for key in ["b1", "b2", "b3"] {
+        assert_eq!(client.post_json("/orders", Some(key), r#"{"n":1}"#).await.status, 201);
+    }
+    assert_eq!(observed(&admin, "orders", "first").await, 2);
+    assert_eq!(observed(&admin, "orders", "would_throttle").await, 1);
+    // b3 holds no record: its retry is no duplicate (and, past the budget still, throttled).
+    assert_eq!(client.post_json("/orders", Some("b3"), r#"{"n":1}"#).await.status, 201);
+    assert_eq!(observed(&admin, "orders", "would_replay").await, 0);
+    assert_eq!(observed(&admin, "orders", "would_throttle").await, 2);
+    // b1's retry is one.
+    assert_eq!(client.post_json("/orders", Some("b1"), r#"{"n":1}"#).await.status, 201);
+    assert_eq!(observed(&admin, "orders", "would_replay").await, 1);
+    assert_eq!(upstream.executions(), 5);
+    gw.shutdown().await;
+}
