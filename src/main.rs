@@ -18,6 +18,8 @@ use tracing_subscriber::fmt::writer::BoxMakeWriter;
 
 #[path = "cli/keys/mod.rs"]
 mod keys;
+#[path = "cli/report.rs"]
+mod report;
 
 /// An idempotency gateway: a reverse proxy that runs each keyed request upstream once.
 #[derive(Parser)]
@@ -60,6 +62,8 @@ enum Command {
     Policy(FileArgs),
     /// List, show, resolve or release idempotency records through the admin listener.
     Keys(keys::KeysArgs),
+    /// What enforcement would change, per route, from running gateways' counters.
+    Report(report::ReportArgs),
 }
 
 /// The configuration file when none is named.
@@ -102,6 +106,12 @@ fn main() -> ExitCode {
                 );
             }
             keys::run(args)
+        }
+        Some(Command::Report(args)) => {
+            if cli.config.is_some() || cli.log_format.is_some() {
+                refuse("report", "reads the gateways' counters, no configuration file, and logs nothing");
+            }
+            report::run(args)
         }
         None => serve(&file(None), cli.log_format),
     }

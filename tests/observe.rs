@@ -339,6 +339,71 @@ async fn a_rolling_switch_of_two_gateways_runs_nothing_again() {
     assert_eq!(by_key.len(), 16);
 }
 
+/// Runs `idemgate report ARGS`: exit code, stdout, stderr.
+fn report(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_idemgate")).arg("report").args(args).output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `idemgate report` reads each gateway's counters and sums them per route; bad input exits 2
+/// before anything is read, a gateway that cannot be read exits 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_report_sums_what_the_gateways_observed() {
+    let upstream = TestUpstream::start().await;
+    let (a, b) = (
+        GatewayProc::start(&switch_config(upstream.addr, "backend = \"memory\"", "observe")),
+        GatewayProc::start(&switch_config(upstream.addr, "backend = \"memory\"", "observe")),
+    );
+    let (ca, cb) = (a.client(), b.client());
+    assert_eq!(post(&ca, "k1").await.status, 201);
+    assert_eq!(post(&ca, "k1").await.status, 201);
+    assert_eq!(post(&cb, "k2").await.status, 201);
+    assert_eq!(cb.post_json("/orders", None, "{}").await.status, 201);
+    let (ua, ub) = (format!("http://{}", a.admin), format!("http://{}", b.admin));
+
+    let (code, out, err) = report(&["--admin", &ua, "--admin", &ub, "--json"]);
+    assert_eq!(code, Some(0), "{err}");
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(doc["gateways"], 2);
+    let orders = &doc["routes"][0];
+    assert_eq!((orders["route"].as_str(), orders["mode"].as_str()), (Some("orders"), Some("observe")), "{doc}");
+    assert_eq!(orders["requests"], 4);
+    assert_eq!(orders["observed"]["first"], 2);
+    assert_eq!(orders["observed"]["would_replay"], 1);
+    assert_eq!(orders["observed"]["answer_differed"], 1);
+    assert_eq!(orders["observed"]["missing_key"], 1);
+    assert_eq!(orders["saved_executions"], 1);
+    assert_eq!(orders["keyless_share"], 0.25);
+    assert_eq!(doc["routes"].as_array().unwrap().len(), 1, "the pass-through route is not reported: {doc}");
+
+    let (code, out, err) = report(&["--admin", &ua, "--route", "orders"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("route orders: observing, 2 requests"), "{out}");
+    assert!(out.contains("executions enforcement would have saved: 1 (50.0% of requests)"), "{out}");
+
+    let (code, _, err) = report(&["--admin", &ua, "--route", "nope"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("no idempotent route \"nope\"") && err.contains("orders"), "{err}");
+    let (code, _, err) = report(&["--admin", "127.0.0.1:9090"]);
+    assert_eq!(code, Some(2), "{err}");
+    let (code, _, err) = report(&[]);
+    assert_eq!(code, Some(2), "{err}");
+    // A port nothing listens on.
+    let gone = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let gone = format!("http://{gone}");
+    let (code, _, err) = report(&["--admin", &ua, "--admin", &gone]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("cannot reach the admin listener"), "{err}");
+    // The proxy listener is no admin listener.
+    let (code, _, err) = report(&["--admin", &format!("http://{}", a.addr)]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(err.contains("no idemgate metric"), "{err}");
+}
+
 /// A caller past `max_new_keys` on an observing route: answered as ever, counted as
 /// `would_throttle`, and its claim given back, so that one caller cannot fill the store.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

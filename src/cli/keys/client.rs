@@ -51,7 +51,7 @@ pub(super) fn is_absent(body: &[u8]) -> bool {
 }
 
 #[derive(Clone)]
-pub(super) struct AdminUrl {
+pub(crate) struct AdminUrl {
     pub(super) scheme: Scheme,
     pub(super) authority: Authority,
     /// Without the trailing slash: `""`, or a prefix when a proxy serves the listener under one.
@@ -64,7 +64,7 @@ impl std::fmt::Display for AdminUrl {
     }
 }
 
-pub(super) fn parse_admin_url(s: &str) -> Result<AdminUrl, String> {
+pub(crate) fn parse_admin_url(s: &str) -> Result<AdminUrl, String> {
     let uri: Uri = s.parse().map_err(|e| format!("not a URL: {e}"))?;
     let scheme = match uri.scheme_str() {
         Some("http") => Scheme::HTTP,
@@ -81,9 +81,10 @@ pub(super) fn parse_admin_url(s: &str) -> Result<AdminUrl, String> {
     Ok(AdminUrl { scheme, authority, base_path: uri.path().trim_end_matches('/').to_owned() })
 }
 
-pub(super) struct AdminClient {
+pub(crate) struct AdminClient {
     pub(super) url: AdminUrl,
-    pub(super) token: HeaderValue,
+    /// None for the endpoints anyone who reaches the listener may read (`/metrics`).
+    pub(super) token: Option<HeaderValue>,
     pub(super) client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
 }
 
@@ -100,13 +101,22 @@ fn tls_config(https: bool) -> Result<rustls::ClientConfig, Failure> {
 }
 
 /// The admin listener's answer, before its status is judged.
-pub(super) struct Answer {
-    pub(super) status: StatusCode,
-    pub(super) body: Bytes,
+pub(crate) struct Answer {
+    pub(crate) status: StatusCode,
+    pub(crate) body: Bytes,
 }
 
 impl AdminClient {
     pub(super) fn new(url: &AdminUrl, token: HeaderValue) -> Result<Self, Failure> {
+        Self::with_token(url, Some(token))
+    }
+
+    /// A client for the endpoints that need no token (`/metrics`).
+    pub(crate) fn anonymous(url: &AdminUrl) -> Result<Self, Failure> {
+        Self::with_token(url, None)
+    }
+
+    fn with_token(url: &AdminUrl, token: Option<HeaderValue>) -> Result<Self, Failure> {
         let mut http = HttpConnector::new();
         // The connector is handed https:// URIs too; the TLS layer above it takes those.
         http.enforce_http(false);
@@ -127,26 +137,42 @@ impl AdminClient {
         scope: &CallerScope,
         json_body: Option<Vec<u8>>,
     ) -> Result<Answer, Failure> {
-        let uri = Uri::builder()
-            .scheme(self.url.scheme.clone())
-            .authority(self.url.authority.clone())
-            .path_and_query(format!("{}/keys?{query}", self.url.base_path))
-            .build()
-            .map_err(|e| Failure::Usage(format!("cannot build the request URL: {e}")))?;
-        let mut request = Request::builder()
-            .method(method.clone())
-            .uri(uri)
-            .header(header::AUTHORIZATION, self.token.clone())
-            .header(header::ACCEPT, "application/json, application/problem+json");
+        let mut request = self.request(method, &format!("/keys?{query}"))?;
+        request = request.header(header::ACCEPT, "application/json, application/problem+json");
         for (name, value) in &scope.headers {
             request = request.header(name, value);
         }
         if json_body.is_some() {
             request = request.header(header::CONTENT_TYPE, "application/json");
         }
-        let request = request
-            .body(Full::new(Bytes::from(json_body.unwrap_or_default())))
-            .map_err(|e| Failure::Usage(format!("cannot build the request: {e}")))?;
+        self.fetch(request, Bytes::from(json_body.unwrap_or_default()), "/keys").await
+    }
+
+    /// `GET path` (a path of the listener's, such as `/metrics`).
+    pub(crate) async fn get(&self, path: &str) -> Result<Answer, Failure> {
+        let request = self.request(Method::GET, path)?;
+        self.fetch(request, Bytes::new(), path).await
+    }
+
+    fn request(&self, method: Method, path_and_query: &str) -> Result<http::request::Builder, Failure> {
+        let uri = Uri::builder()
+            .scheme(self.url.scheme.clone())
+            .authority(self.url.authority.clone())
+            .path_and_query(format!("{}{path_and_query}", self.url.base_path))
+            .build()
+            .map_err(|e| Failure::Usage(format!("cannot build the request URL: {e}")))?;
+        let mut request = Request::builder().method(method).uri(uri);
+        if let Some(token) = &self.token {
+            request = request.header(header::AUTHORIZATION, token.clone());
+        }
+        Ok(request)
+    }
+
+    /// One exchange, answer body included, within [`REQUEST_TIMEOUT`]; `what` names it in errors.
+    async fn fetch(&self, request: http::request::Builder, body: Bytes, what: &str) -> Result<Answer, Failure> {
+        let request =
+            request.body(Full::new(body)).map_err(|e| Failure::Usage(format!("cannot build the request: {e}")))?;
+        let method = request.method().clone();
         let exchange = async {
             let response = self.client.request(request).await.map_err(|e| {
                 Failure::Failed(format!("cannot reach the admin listener at {}: {}", self.url, error_chain(&e)))
@@ -159,7 +185,7 @@ impl AdminClient {
         };
         tokio::time::timeout(REQUEST_TIMEOUT, exchange).await.map_err(|_| {
             Failure::Failed(format!(
-                "the admin listener at {} did not answer {method} /keys within {}s",
+                "the admin listener at {} did not answer {method} {what} within {}s",
                 self.url,
                 REQUEST_TIMEOUT.as_secs()
             ))
@@ -186,7 +212,7 @@ impl Answer {
 }
 
 /// `<status> <title>: <detail>` from a problem+json document, or what can be said without one.
-pub(super) fn problem_line(status: StatusCode, doc: Option<&Value>, body: &[u8]) -> String {
+pub(crate) fn problem_line(status: StatusCode, doc: Option<&Value>, body: &[u8]) -> String {
     let field = |name| doc.and_then(|d| d.get(name)).and_then(Value::as_str).map(printable);
     let title = field("title").unwrap_or_else(|| status.canonical_reason().unwrap_or("error").to_owned());
     let detail = match (field("detail"), doc) {

@@ -2,7 +2,7 @@
 
 /// Why a command failed.
 #[derive(Debug)]
-pub(super) enum Failure {
+pub(crate) enum Failure {
     /// What the operator gave cannot be used (flags, environment, input): exit 2.
     Usage(String),
     /// The admin listener refused, answered nonsense, or could not be reached: exit 1.

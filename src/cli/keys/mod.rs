@@ -12,8 +12,8 @@
 //! (flags, environment, files), as for clap's usage errors.
 
 mod args;
-mod client;
-mod failure;
+pub(crate) mod client;
+pub(crate) mod failure;
 mod input;
 mod render;
 
