@@ -202,12 +202,17 @@ async fn scrape_gateway() -> String {
     // The route asks the upstream about unknown outcomes, so that its reconciliation series
     // exist (a route without a lookup has none).
     let policy = "[routes.idempotency.reconcile]\npath = \"/orders/lookup\"";
-    let gw = GatewayProc::start(&Toml { store: &store, policy, ..Toml::new(upstream.addr) }.render());
+    // And a route that only observes, for `idemgate_observed_total`.
+    let routes = "\n[[routes]]\nname = \"watched\"\nmethods = [\"POST\"]\npath = \"/watched\"\nupstream = \"app\"\n\n\
+                  [routes.idempotency]\nmode = \"observe\"\n"
+        .to_owned();
+    let gw = GatewayProc::start(&Toml { store: &store, policy, routes, ..Toml::new(upstream.addr) }.render());
     let client = gw.client();
     assert_eq!(client.post_json("/orders", Some("d-1"), ORDER).await.status, 201);
     assert!(client.post_json("/orders", Some("d-1"), ORDER).await.is_replay());
     assert_eq!(client.post_json("/orders", Some("d-1"), r#"{"sku":"B-2"}"#).await.status, 422);
     assert_eq!(client.get("/elsewhere", &[]).await.status, 201);
+    assert_eq!(client.post_json("/watched", Some("d-2"), ORDER).await.status, 201);
     let reply = Client::new(gw.admin).get("/metrics", &[]).await;
     assert_eq!(reply.status, 200);
     String::from_utf8(reply.body.to_vec()).unwrap()
@@ -243,6 +248,14 @@ async fn dashboards_and_alerts_name_only_exported_metrics() {
         missing.join("\n  ")
     );
     assert!(dashboard_queries > 0 && used.len() > 10, "too few queries checked: {used:?}");
+    // What observing counts has its row, and its alert.
+    let titles: Vec<&str> =
+        dashboard["panels"].as_array().unwrap().iter().filter_map(|p| p["title"].as_str()).collect();
+    assert!(titles.contains(&"What enforcement would change"), "{titles:?}");
+    let on_board: BTreeSet<String> = panel_exprs(&dashboard).iter().flat_map(|(_, e)| metric_names(e)).collect();
+    assert!(on_board.contains("idemgate_observed_total"), "the board does not show idemgate_observed_total");
+    let in_rules: BTreeSet<String> = rule_exprs(&rules).iter().flat_map(|(_, e)| metric_names(e)).collect();
+    assert!(in_rules.contains("idemgate_observed_total"), "no rule reads idemgate_observed_total");
 }
 
 #[test]
