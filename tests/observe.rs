@@ -431,3 +431,27 @@ async fn new_keys_past_the_budget_are_forwarded_unclaimed_and_counted() {
     assert_eq!(upstream.executions(), 5);
     gw.shutdown().await;
 }
+
+/// Over HTTP/2 too: the claimant's answer ends (END_STREAM) once settled, and its retry is
+/// counted as one enforcing would replay; a large answer streams whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_client_gets_whole_answers_and_exact_counts() {
+    let upstream = TestUpstream::start().await;
+    let policy = "mode = \"observe\"\nmax_stored_body = \"1KiB\"";
+    let gw = TestGateway::start(&support::gateway::config(&StoreKind::Memory, upstream.addr, policy)).await;
+    let (h2, admin) = (Client::h2(gw.addr), gw.admin_client());
+    let headers = [JSON, ("authorization", "Bearer alice"), ("idempotency-key", "h2-1")];
+    for execution in [1, 2] {
+        let reply = h2.send(Method::POST, "/orders", &headers, r#"{"n":1}"#).await;
+        assert_eq!((reply.status.as_u16(), reply.json()["execution"].as_u64()), (201, Some(execution)));
+    }
+    upstream.set(|b| b.padding = 100_000);
+    let large = h2
+        .send(Method::POST, "/orders", &[JSON, ("authorization", "Bearer alice"), ("idempotency-key", "h2-2")], "{}")
+        .await;
+    assert_eq!(large.json()["padding"].as_str().map(str::len), Some(100_000));
+    assert_eq!(observed(&admin, "orders", "first").await, 2);
+    assert_eq!(observed(&admin, "orders", "would_replay").await, 1);
+    assert_eq!(observed(&admin, "orders", "answer_differed").await, 1);
+    gw.shutdown().await;
+}

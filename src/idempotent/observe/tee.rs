@@ -238,3 +238,104 @@ impl Drop for Compared {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::task::Waker;
+
+    use http_body_util::BodyExt;
+
+    use super::*;
+    use crate::body;
+
+    type Sent = tokio::sync::mpsc::Sender<Result<Frame<Bytes>, BoxError>>;
+
+    /// A body whose frames the test sends, one at a time.
+    fn fed() -> (Sent, Body) {
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        let frames = futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|f| (f, rx)) });
+        (tx, http_body_util::StreamBody::new(frames).boxed_unsync())
+    }
+
+    fn poll(body: &mut (impl http_body::Body<Data = Bytes, Error = BoxError> + Unpin)) -> Poll<Option<Bytes>> {
+        let mut cx = Context::from_waker(Waker::noop());
+        Pin::new(body)
+            .poll_frame(&mut cx)
+            .map(|f| f.map(|f| f.ok().and_then(|f| f.into_data().ok()).unwrap_or_default()))
+    }
+
+    #[tokio::test]
+    async fn the_last_bytes_of_an_answer_wait_for_the_settle() {
+        let (mut tee, end) = Tee::new(body::full("abc"), 10);
+        assert!(poll(&mut tee).is_pending(), "the only frame is the last: held back");
+        let Ok(TeeEnd::Complete { body: Some(captured), settled }) = end.await else { panic!("not complete") };
+        assert_eq!(captured.to_bytes(), "abc");
+        assert!(poll(&mut tee).is_pending() && !tee.is_end_stream());
+        drop(settled);
+        assert_eq!(poll(&mut tee), Poll::Ready(Some(Bytes::from("abc"))));
+        assert!(tee.is_end_stream());
+        assert_eq!(poll(&mut tee), Poll::Ready(None));
+    }
+
+    #[tokio::test]
+    async fn an_answer_over_the_limit_streams_whole_and_is_not_kept() {
+        let (tx, inner) = fed();
+        let (mut tee, end) = Tee::new(inner, 4);
+        for piece in ["abc", "def"] {
+            tx.send(Ok(Frame::data(Bytes::from(piece)))).await.unwrap();
+            assert_eq!(poll(&mut tee), Poll::Ready(Some(Bytes::from(piece))));
+        }
+        drop(tx);
+        assert!(poll(&mut tee).is_pending(), "the end waits for the settle");
+        let Ok(TeeEnd::Complete { body: None, settled }) = end.await else { panic!("kept a body over the limit") };
+        settled.send(()).unwrap();
+        assert_eq!(poll(&mut tee), Poll::Ready(None));
+    }
+
+    #[tokio::test]
+    async fn a_client_gone_mid_answer_leaves_the_rest_to_the_exchange() {
+        let (tx, inner) = fed();
+        let (mut tee, end) = Tee::new(inner, 100);
+        tx.send(Ok(Frame::data(Bytes::from("head")))).await.unwrap();
+        assert_eq!(poll(&mut tee), Poll::Ready(Some(Bytes::from("head"))));
+        drop(tee);
+        let Ok(TeeEnd::Left { captured: Some(captured), size: 4, rest }) = end.await else { panic!("not left") };
+        assert_eq!(captured, [Bytes::from("head")]);
+        tx.send(Ok(Frame::data(Bytes::from("tail")))).await.unwrap();
+        drop(tx);
+        assert_eq!(rest.collect().await.unwrap().to_bytes(), "tail");
+    }
+
+    #[tokio::test]
+    async fn a_broken_answer_is_told_as_broken() {
+        let (tx, inner) = fed();
+        let (mut tee, end) = Tee::new(inner, 100);
+        tx.send(Err("reset".into())).await.unwrap();
+        assert!(matches!(poll(&mut tee), Poll::Ready(Some(_))));
+        assert!(matches!(end.await, Ok(TeeEnd::Broken)));
+    }
+
+    #[tokio::test]
+    async fn a_duplicate_answer_is_counted_once_when_it_differs() {
+        let counted = |body: Body, expected: &'static str| async move {
+            let differed = Counter::default();
+            let compared = Compared::new(body, Bytes::from(expected), differed.clone());
+            let _ = compared.collect().await;
+            differed.get()
+        };
+        assert_eq!(counted(body::full("same"), "same").await, 0);
+        assert_eq!(counted(body::full("other"), "same").await, 1);
+        assert_eq!(counted(body::full("sam"), "same").await, 1, "a prefix is another answer");
+        assert_eq!(counted(body::full("samee"), "same").await, 1);
+        assert_eq!(counted(body::full(""), "same").await, 1);
+        assert_eq!(counted(body::full(""), "").await, 0);
+        // Left before the end: not an answer to compare.
+        let (tx, inner) = fed();
+        let differed = Counter::default();
+        let mut compared = Compared::new(inner, Bytes::from("same"), differed.clone());
+        tx.send(Ok(Frame::data(Bytes::from("xx")))).await.unwrap();
+        assert!(poll(&mut compared).is_ready());
+        drop(compared);
+        assert_eq!(differed.get(), 0);
+    }
+}
