@@ -455,3 +455,32 @@ async fn an_http2_client_gets_whole_answers_and_exact_counts() {
     assert_eq!(observed(&admin, "orders", "answer_differed").await, 1);
     gw.shutdown().await;
 }
+
+/// A body that trickles in past `body_read_timeout` is forwarded whole as it comes (no 408),
+/// and counted as `unread_body`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_body_is_forwarded_whole_and_counted() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let upstream = TestUpstream::start().await;
+    let toml =
+        Toml { server: "body_read_timeout = \"300ms\"", policy: "mode = \"observe\"", ..Toml::new(upstream.addr) };
+    let gw = TestGateway::start(&toml.render()).await;
+    let body = r#"{"sku":"A-1","n":12}"#;
+    let mut tcp = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    let head = format!(
+        "POST /orders HTTP/1.1\r\nhost: x\r\nidempotency-key: slow-1\r\nauthorization: Bearer alice\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    tcp.write_all(&body.as_bytes()[..5]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    tcp.write_all(&body.as_bytes()[5..]).await.unwrap();
+    let mut answer = String::new();
+    tcp.read_to_string(&mut answer).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
+    assert_eq!(upstream.seen()[0].body, body.as_bytes());
+    assert_eq!(observed(&gw.admin_client(), "orders", "unread_body").await, 1);
+    assert_eq!(observed(&gw.admin_client(), "orders", "first").await, 0);
+    gw.shutdown().await;
+}
