@@ -5,7 +5,8 @@ The official Stripe Python SDK sends `Idempotency-Key` on every POST and retries
 API on loopback that counts every charge it executes and can look a charge up by caller and
 key (`GET /v1/charges/lookup`, Idempotency-Key and Authorization headers). The gateway's own
 errors are problem+json on the first two gateways and Stripe's envelope on the third
-(STRIPE_ERRORS, the recipe of docs/errors.md). Eight cases:
+(STRIPE_ERRORS, the recipe of docs/errors.md); a fourth only observes (`mode = "observe"`).
+Nine cases:
 
 1. the API executes the charge and the connection dies before the answer: the SDK retries
    with the same key, and the charge must not be made twice;
@@ -24,7 +25,9 @@ errors are problem+json on the first two gateways and Stripe's envelope on the t
    the gateway's short `wait` ends in 409 idempotency_key_in_use, which the SDK retries by
    itself until it gets the first one's charge, and the charge is made once;
 8. as 1, through the Stripe-shaped gateway: `Stripe-Should-Retry: false` on outcome-unknown,
-   so the SDK does not retry what cannot succeed and raises the 502 at once.
+   so the SDK does not retry what cannot succeed and raises the 502 at once;
+9. through the observing gateway: the SDK gets the API's own answers (a retried charge runs
+   again, with no attempt header), and the gateway counts what enforcing would have done.
 
 Run by scripts/sdk-check, which installs the SDK and builds the gateway.
 """
@@ -38,6 +41,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from collections import defaultdict
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -219,11 +223,23 @@ def start_gateway(binary, api_port, workdir, name, idempotency="", errors=""):
     proc = subprocess.Popen([binary, "--config", path], stdout=subprocess.PIPE,
                             stderr=open(log, "w"), text=True)
     line = proc.stdout.readline()
-    match = re.search(r"proxy=(\S+)", line)
+    match = re.search(r"proxy=(\S+) admin=(\S+)", line)
     if not match:
         proc.kill()
         sys.exit(f"the gateway did not start: {line!r}; see {log}")
+    ADMIN[name] = match.group(2)
     return proc, match.group(1)
+
+
+# Each gateway's admin listener, by name.
+ADMIN = {}
+
+
+def observed(name, route, would):
+    """idemgate_observed_total{route, would} of the gateway `name`."""
+    text = urllib.request.urlopen(f"http://{ADMIN[name]}/metrics", timeout=10).read().decode()
+    series = f'idemgate_observed_total{{route="{route}",would="{would}"}} '
+    return next((int(float(line[len(series):])) for line in text.splitlines() if line.startswith(series)), None)
 
 
 def check(name, ok, detail):
@@ -241,6 +257,8 @@ def main():
         binary, server.server_address[1], workdir, "reconciling", RECONCILE)
     shaped, shaped_address = start_gateway(
         binary, server.server_address[1], workdir, "stripe-shaped", SHORT_WAIT, STRIPE_ERRORS)
+    observing, observing_address = start_gateway(
+        binary, server.server_address[1], workdir, "observing", 'mode = "observe"\n')
     recorder = Recorder()
     stripe.default_http_client = recorder
     stripe.api_key = "sk_test_idemgate"
@@ -398,8 +416,30 @@ def main():
             f"(Stripe-Should-Retry: {answers[0][2].get('stripe-should-retry') if answers else None}) "
             f"and raised {type(error).__name__} HTTP {getattr(error, 'http_status', None)} "
             f"{error_doc(getattr(error, 'http_body', None)).get('code')}"))
+
+        # 9. A route that only observes: the SDK sees the API's own answers. A 500 then
+        # success runs twice, as through no gateway, without an attempt header; the caller's
+        # retry of a finished charge runs again (a second charge), and the gateway counts
+        # both what enforcing would have replayed and that the API answered it differently.
+        stripe.api_base = f"http://{observing_address}"
+        API.plan["watched-flaky"] = ["fail"]
+        charge = stripe.Charge.create(amount=9000, currency="usd", idempotency_key="watched-flaky-1")
+        first = stripe.Charge.create(amount=9100, currency="usd", idempotency_key="watched-done-1")
+        again = stripe.Charge.create(amount=9100, currency="usd", idempotency_key="watched-done-1")
+        flaky, done = API.executed["watched-flaky-1"], API.executed["watched-done-1"]
+        headers = {k.lower(): v for k, v in again.last_response.headers.items()}
+        counts = {w: observed("observing", "charges", w)
+                  for w in ("first", "would_replay", "answer_differed")}
+        results.append(check(
+            "a route that only observes",
+            flaky == [None, None] and charge["amount"] == 9000 and len(done) == 2
+            and first["id"] != again["id"] and "idempotent-replay" not in headers
+            and counts == {"first": 3, "would_replay": 1, "answer_differed": 1},
+            f"the API ran the flaky charge {len(flaky)} time(s) (attempt headers {flaky}) and the "
+            f"retried one {len(done)} time(s) ({first['id']}, then {again['id']}); the gateway "
+            f"counted {counts}"))
     finally:
-        for proc in (gateway, reconciling, shaped):
+        for proc in (gateway, reconciling, shaped, observing):
             proc.terminate()
             proc.wait(timeout=10)
         server.shutdown()
