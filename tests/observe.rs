@@ -484,3 +484,34 @@ async fn a_slow_body_is_forwarded_whole_and_counted() {
     assert_eq!(observed(&gw.admin_client(), "orders", "first").await, 0);
     gw.shutdown().await;
 }
+
+/// A store that is down never changes an answer on an observing route: each request is
+/// forwarded once the claim fails (within the store's timeout), answered as ever, and counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_is_down_changes_no_answer_and_is_counted() {
+    let upstream = TestUpstream::start().await;
+    let redis = RedisServer::start();
+    let store = format!(
+        "backend = \"redis\"\nurl = \"{}\"\nkey_prefix = \"{}\"\ntimeout = \"200ms\"",
+        redis.url(),
+        support::unique("down")
+    );
+    let gw = TestGateway::start(
+        &Toml { store: &store, policy: "mode = \"observe\"\nlease = \"1s\"", ..Toml::new(upstream.addr) }.render(),
+    )
+    .await;
+    let (client, admin) = (gw.client(), gw.admin_client());
+    assert_eq!(client.post_json("/orders", Some("up-1"), "{}").await.status, 201);
+    redis.stop();
+    for key in ["down-1", "down-2", "up-1"] {
+        let started = std::time::Instant::now();
+        let reply = client.post_json("/orders", Some(key), "{}").await;
+        assert_eq!(reply.status, 201, "{reply:?}");
+        assert!(reply.headers.get("idempotency-status").is_none(), "{reply:?}");
+        assert!(started.elapsed() < Duration::from_secs(3), "{key} answered after {:?}", started.elapsed());
+    }
+    assert_eq!(upstream.executions(), 4);
+    assert_eq!(observed(&admin, "orders", "store_error").await, 3);
+    assert_eq!(observed(&admin, "orders", "first").await, 1);
+    gw.shutdown().await;
+}

@@ -80,6 +80,9 @@ impl Exchange {
         let _running = GaugeHold::new(&rt.metrics.exchanges_running);
         let keeper = Keeper::new(&route, &rt.store, &claimed);
         let lease = claimed.into_lease();
+        // What the client waits for a store write, at most: a pass-through route makes it wait
+        // for none, and a store that is down must not hold answers for a whole lease.
+        let cap = rt.store.call_timeout().max(Duration::from_secs(1));
         // As on a pass-through route, the upstream's timeout covers the answer's head.
         let call = std::pin::pin!(async {
             tokio::select! {
@@ -94,8 +97,11 @@ impl Exchange {
             Some(Ok(Ok(response))) => response,
             Some(Ok(Err(e))) if e.never_sent() => {
                 end_span(span, Err(e.to_string()), &route, took);
-                keeper.release(lease, Sent::No, ReleaseReason::NotSent).await;
-                let _ = client.send(Err(e.into()));
+                let release = keeper.release(lease, Sent::No, ReleaseReason::NotSent);
+                within(cap, release, || {
+                    let _ = client.send(Err(e.into()));
+                })
+                .await;
                 return;
             }
             failed => {
@@ -107,7 +113,6 @@ impl Exchange {
                 // Sent, and no answer: released, so that enforcing never starts with keys held
                 // from observing (a retry runs it again, as it would through a plain route).
                 route.metrics.observed(Would::UnknownOutcome);
-                keeper.release(lease, Sent::Maybe, ReleaseReason::Unknown).await;
                 let answer = match failed {
                     Err(e) => {
                         end_span(span, Err(e.to_string()), &route, took);
@@ -118,7 +123,11 @@ impl Exchange {
                         Err(GatewayError::ShuttingDown { held: None })
                     }
                 };
-                let _ = client.send(answer);
+                let release = keeper.release(lease, Sent::Maybe, ReleaseReason::Unknown);
+                within(cap, release, || {
+                    let _ = client.send(answer);
+                })
+                .await;
                 return;
             }
         };
@@ -151,8 +160,7 @@ impl Exchange {
             // Shutdown does not wait for a slow reader: the upstream answered, the request ran.
             None => (Ending::Complete(None), None),
         };
-        // The last of the answer waits for the settle's first try, at most a store timeout.
-        let cap = rt.store.call_timeout().max(Duration::from_secs(1));
+        // The last of the answer waits for the settle's first try, at most `cap`.
         match ending {
             Ending::Complete(body) if policy.store_statuses.contains(status) => {
                 // Too large to keep: executed, as enforcement records it (`response-not-stored`).
@@ -164,7 +172,7 @@ impl Exchange {
                     }
                 };
                 let outcome = || if executed { Final::Executed(&stored) } else { Final::Response(&stored) };
-                match before_the_end(settled, cap, keeper.first_try(&lease, outcome())).await {
+                match within(cap, keeper.first_try(&lease, outcome()), || drop(settled)).await {
                     Ok(done) => {
                         keeper.logged("settle", Ok(done));
                     }
@@ -175,11 +183,11 @@ impl Exchange {
                 }
             }
             Ending::Complete(_) => {
-                before_the_end(settled, cap, keeper.release(lease, Sent::Maybe, ReleaseReason::Status)).await;
+                within(cap, keeper.release(lease, Sent::Maybe, ReleaseReason::Status), || drop(settled)).await;
             }
             Ending::Broken => {
                 route.metrics.observed(Would::UnknownOutcome);
-                before_the_end(settled, cap, keeper.release(lease, Sent::Maybe, ReleaseReason::Unknown)).await;
+                within(cap, keeper.release(lease, Sent::Maybe, ReleaseReason::Unknown), || drop(settled)).await;
             }
         }
     }
@@ -228,18 +236,23 @@ async fn read_on(
     }
 }
 
-/// Runs `write`, and lets the answer end (answers `settled`) once it is done or after `cap`,
-/// whichever comes first: a slow store delays the last of the answer by at most `cap`.
-async fn before_the_end<T>(settled: Option<oneshot::Sender<()>>, cap: Duration, write: impl Future<Output = T>) -> T {
+/// Runs `write`, and `then` (which answers the client) once it is done or after `cap`,
+/// whichever comes first: the write is made before the client hears (so that its retry finds
+/// it), and a slow store delays the answer by at most `cap`.
+async fn within<T>(cap: Duration, write: impl Future<Output = T>, then: impl FnOnce()) -> T {
     let mut write = std::pin::pin!(write);
-    let mut settled = settled;
+    let mut then = Some(then);
     let out = tokio::select! {
         out = &mut write => out,
         () = tokio::time::sleep(cap) => {
-            settled.take();
+            if let Some(then) = then.take() {
+                then();
+            }
             write.await
         }
     };
-    drop(settled);
+    if let Some(then) = then.take() {
+        then();
+    }
     out
 }
