@@ -22,14 +22,14 @@
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::task::{Context, Poll};
 
 use futures_util::task::AtomicWaker;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
 
-use crate::config::Limits;
+use crate::config::{Limits, Served};
 use crate::forwarded::Peer;
 
 /// One accepted connection's state, shared by its requests and its serving task.
@@ -54,6 +54,9 @@ pub struct Connection {
     /// Its place under `max_connections`, held as long as anything uses the connection: its
     /// requests, the exchanges it started, a protocol it upgraded to.
     _place: Option<tokio::sync::OwnedSemaphorePermit>,
+    /// The certificate its TLS handshake served, on a listener with several: the hosts its
+    /// requests may name.
+    certificate: OnceLock<Arc<Served>>,
 }
 
 /// Where a connection is between requests, for its deadline.
@@ -94,7 +97,20 @@ impl Connection {
             closing: AtomicBool::new(false),
             waker: AtomicWaker::new(),
             _place: place,
+            certificate: OnceLock::new(),
         }
+    }
+
+    /// Notes the certificate the handshake served (none: the listener has only one).
+    pub fn served(&self, certificate: Option<Arc<Served>>) {
+        if let Some(certificate) = certificate {
+            let _ = self.certificate.set(certificate);
+        }
+    }
+
+    /// The certificate served on this connection, when the listener chooses among several.
+    pub fn certificate(&self) -> Option<&Served> {
+        self.certificate.get().map(|c| &**c)
     }
 
     fn phase(&self) -> std::sync::MutexGuard<'_, Phase> {

@@ -2,8 +2,8 @@
 //! path.
 //!
 //! ```text
-//! client ─▶ listener ─▶ check ─▶ path normalised ─▶ router ─┬▶ plain route ─▶ proxy ─▶ upstream
-//!                                                          └▶ idempotent::handle
+//! client ─▶ listener ─▶ path normalised ─▶ host ─▶ router ─▶ check ─┬▶ plain route ─▶ proxy ─▶ upstream
+//!                                                                   └▶ idempotent::handle
 //! ```
 //!
 //! Whatever happens below, this is where the outcome is counted, the access line written and
@@ -148,6 +148,7 @@ impl Gateway {
         }
         let router = Router::new(config.routes.iter().zip(&routes).map(|(r, route)| RouteSpec {
             name: &r.name,
+            hosts: &r.hosts,
             pattern: &r.path,
             methods: r.methods.as_deref(),
             value: route.clone(),
@@ -195,8 +196,17 @@ impl Gateway {
     pub async fn handle(&self, mut request: Request<Incoming>, connection: &Arc<Connection>) -> Response<Body> {
         let started = Instant::now();
         path::normalize_request(&mut request);
-        let routed = self.router.find(request.method(), request.uri().path());
-        if let Err(e) = check::request(&request, routed.and_then(Routed::policy)) {
+        // A request whose host cannot be told is refused in the shape of the route its path
+        // would have for every host.
+        let certificate = connection.certificate();
+        let (named, routed) = match check::host(&request, self.router.by_host() || certificate.is_some()) {
+            Ok(host) => {
+                let routed = self.router.find(host.as_deref(), request.method(), request.uri().path());
+                (check::covered(host.as_deref(), certificate), routed)
+            }
+            Err(e) => (Err(e), self.router.find(None, request.method(), request.uri().path())),
+        };
+        if let Err(e) = named.and_then(|()| check::request(&request, routed.and_then(Routed::policy))) {
             let shape = routed.map_or(&self.errors, |r| &r.route().errors);
             return e.problem().respond_as(self.problem_base(), shape);
         }

@@ -40,9 +40,10 @@
 //! - [`policy`]: a route's `[routes.idempotency]`, and the readings of a request it defines
 //!   (key, scope, fingerprint);
 //! - [`forwarded`], [`metrics`]: forwarding headers, Prometheus metrics;
-//! - [`body`], [`headers`], [`path`], [`router`], [`log_writer`], [`outbound`]: bodies and
-//!   their bounds, header hygiene, path normalisation, method + path → route, the writer of
-//!   log lines, the TLS and error chains of outgoing clients.
+//! - [`body`], [`headers`], [`host`], [`path`], [`router`], [`log_writer`], [`outbound`]:
+//!   bodies and their bounds, header hygiene, the host a request names, path normalisation,
+//!   host + method + path → route, the writer of log lines, the TLS and error chains of
+//!   outgoing clients.
 //!
 //! The crate's surface is what the binary, the tests and the fuzz targets use: the
 //! configuration, the policy, the store, an operator's answer, the descriptor budget, and
@@ -65,6 +66,7 @@ mod error;
 mod forwarded;
 mod gateway;
 mod headers;
+mod host;
 mod idempotent;
 mod metrics;
 mod path;

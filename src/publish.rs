@@ -27,6 +27,15 @@ fn duration(d: Duration) -> String {
     }
 }
 
+/// ` on api.example.com, *.example.com`, or nothing for a route that serves every host.
+fn on_hosts(route: &RouteConfig) -> String {
+    if route.hosts.is_empty() {
+        return String::new();
+    }
+    let hosts: Vec<String> = route.hosts.iter().map(ToString::to_string).collect();
+    format!(" on {}", hosts.join(", "))
+}
+
 fn methods(route: &RouteConfig) -> String {
     route.methods.as_ref().map_or_else(
         || "any method".to_owned(),
@@ -110,7 +119,7 @@ pub fn markdown(routes: &[RouteConfig]) -> String {
     );
     for route in routes {
         let Some(p) = &route.idempotency else { continue };
-        let _ = write!(out, "\n## {} {} (route `{}`)\n\n", methods(route), route.path, route.name);
+        let _ = write!(out, "\n## {} {}{} (route `{}`)\n\n", methods(route), route.path, on_hosts(route), route.name);
         if p.mode == Mode::Observe {
             out.push_str(
                 "**Observed only: not enforced yet.** Every request, retries included, is forwarded as \
@@ -137,7 +146,8 @@ pub fn markdown(routes: &[RouteConfig]) -> String {
                 "no: a request without a key is forwarded without protection".into()
             },
         );
-        row("scope", scope(p));
+        let scope = if p.per_host { format!("{}, on each host apart", scope(p)) } else { scope(p) };
+        row("scope", scope);
         row("what makes two requests the same", fingerprint(p));
         let renew = if p.renew { "renewed while the request runs" } else { "not renewed" };
         row(
@@ -189,6 +199,7 @@ pub fn routes_json(routes: &[RouteConfig]) -> Value {
                     "name": r.name,
                     "methods": r.methods.as_ref().map(|ms| ms.iter().map(|m| m.as_str().to_owned()).collect::<Vec<_>>()),
                     "path": r.path,
+                    "hosts": (!r.hosts.is_empty()).then(|| r.hosts.iter().map(ToString::to_string).collect::<Vec<_>>()),
                     "upstream": r.upstream,
                     "idempotency": r.idempotency.as_ref().map(|p| policy_json(p)),
                 })
@@ -206,6 +217,7 @@ fn policy_json(p: &IdempotencyPolicy) -> Value {
         "max_key_len": p.max_key_len,
         "scope": p.scope.sources().iter().map(|s| s.describe()).collect::<Vec<_>>(),
         "scope_global": matches!(p.scope, ScopeSource::Global),
+        "scope_per_host": p.per_host,
         "on_missing_scope": match p.on_missing_scope { MissingScope::Reject => "reject", MissingScope::Anonymous => "anonymous" },
         "ignore": p.fingerprint.ignore.iter().map(ToString::to_string).collect::<Vec<_>>(),
         "fingerprint_headers": p.fingerprint.headers.iter().map(|h| h.as_str().to_owned()).collect::<Vec<_>>(),

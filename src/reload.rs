@@ -17,16 +17,14 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use thiserror::Error;
 
-use tokio_rustls::TlsAcceptor;
-
-use crate::config::{Config, ConfigError, Limits};
+use crate::config::{Config, ConfigError, Limits, ListenerTls};
 use crate::gateway::{Gateway, SetupError};
 
 /// The gateway in service, and how to reload it.
 pub struct Live {
     gateway: ArcSwap<Gateway>,
     /// The proxy listener's TLS, if it has any: renewed certificates are read on reload.
-    tls: Option<ArcSwap<TlsAcceptor>>,
+    tls: Option<ArcSwap<ListenerTls>>,
     /// The configuration the process started with: what it runs of `[server]` and `[store]`
     /// until a restart.
     started: Config,
@@ -60,12 +58,12 @@ pub enum ReloadError {
 impl Live {
     /// The gateway built from `started`, reloadable from `source`.
     pub fn new(gateway: Gateway, started: Config, source: Option<PathBuf>) -> Self {
-        let tls = started.server.tls.as_ref().map(|tls| ArcSwap::from_pointee(tls.acceptor()));
+        let tls = started.server.tls.as_ref().map(|tls| ArcSwap::from_pointee(tls.clone()));
         Self { gateway: ArcSwap::from_pointee(gateway), tls, started, source, reloading: Mutex::new(()) }
     }
 
-    /// The proxy listener's TLS acceptor of the moment, if the listener uses TLS.
-    pub fn tls(&self) -> Option<Arc<TlsAcceptor>> {
+    /// The proxy listener's TLS of the moment (its certificates), if the listener uses TLS.
+    pub fn tls(&self) -> Option<Arc<ListenerTls>> {
         self.tls.as_ref().map(ArcSwap::load_full)
     }
 
@@ -84,7 +82,7 @@ impl Live {
         let next = self.gateway.load().rebuild(&config)?;
         self.gateway.store(Arc::new(next));
         if let (Some(current), Some(tls)) = (&self.tls, &config.server.tls) {
-            current.store(Arc::new(tls.acceptor()));
+            current.store(Arc::new(tls.clone()));
         }
         let needs_restart = needs_restart(&self.started, &config);
         for warning in config.warning_lines(&source.display().to_string()) {

@@ -306,6 +306,39 @@ fn route_tables_that_cannot_work_are_rejected() {
 }
 
 #[test]
+fn hosts_are_checked_and_each_mistake_explained() {
+    let hosts = |list: &str| MINIMAL.replace("methods = [\"POST\"]", &format!("hosts = {list}\nmethods = [\"POST\"]"));
+    assert_issue(&hosts("[]"), "routes[0].hosts", "is empty; leave it out to serve every host");
+    assert_issue(&hosts("[\"*\"]"), "routes[0].hosts", "every host: leave `hosts` out");
+    assert_issue(&hosts("[\"api.example.com:443\"]"), "routes[0].hosts", "has a port");
+    assert_issue(&hosts("[\"https://api.example.com\"]"), "routes[0].hosts", "is a URL");
+    assert_issue(&hosts("[\"api.*.com\"]"), "routes[0].hosts", "a whole first label");
+    assert_issue(&hosts("[\"*.com\"]"), "routes[0].hosts", "top-level domain");
+    assert_issue(&hosts("[\"a b\"]"), "routes[0].hosts", "not a host name");
+    assert_issue(&hosts("[\"API.example.com\", \"api.example.com.\"]"), "routes[0].hosts", "listed twice");
+    // Two routes for one method and path overlap only on a host they share.
+    let two = |a: &str, b: &str| {
+        format!(
+            "{}\n[[routes]]\nname = \"second\"\nhosts = {b}\nmethods = [\"POST\"]\npath = \"/orders\"\nupstream = \"app\"\n",
+            hosts(a)
+        )
+    };
+    assert!(Config::from_toml(&two("[\"a.example.com\"]", "[\"b.example.com\"]"), "t").is_ok());
+    assert!(Config::from_toml(&two("[\"*.example.com\"]", "[\"a.example.com\"]"), "t").is_ok());
+    assert_issue(&two("[\"a.example.com\"]", "[\"A.example.com\"]"), "routes[1].path", "on host a.example.com");
+    // The record's identity: per host on several hosts or a wildcard, as before on one.
+    let per_host = |list: &str| {
+        let config = Config::from_toml(&hosts(list), "t").unwrap();
+        config.routes[0].idempotency.as_ref().unwrap().per_host
+    };
+    assert!(!per_host("[\"api.example.com\"]"));
+    assert!(per_host("[\"api.example.com\", \"eu.example.com\"]"));
+    assert!(per_host("[\"*.example.com\"]"));
+    let config = Config::from_toml(MINIMAL, "t").unwrap();
+    assert!(!config.routes[0].idempotency.as_ref().unwrap().per_host);
+}
+
+#[test]
 fn upstream_urls_and_ca_files_are_checked() {
     let with = |url: &str| MINIMAL.replace("url = \"http://127.0.0.1:3000\"", &format!("url = \"{url}\""));
     assert_issue(&with("http://127.0.0.1:3000/?x=1"), "upstreams.app.url", "must not have a query");

@@ -18,6 +18,7 @@ const TABLES: &[(&str, &str, &str)] = &[
     ("", "File", ""),
     ("server", "ServerSection", "[server]"),
     ("server.tls", "TlsSection", "[server.tls]"),
+    ("server.tls.certs", "HostCertSection", "[[server.tls.certs]]"),
     ("store", "StoreSection", "[store]"),
     ("upstreams.*", "UpstreamSection", "[upstreams.NAME]"),
     ("routes", "RouteSection", "[[routes]]"),
@@ -293,7 +294,10 @@ fn the_check_names_each_key_left_out_and_each_unmapped_struct() {
     );
     assert_eq!(
         new(missing(&source, &toml, &without(&docs, "| `cert` |"))),
-        ["docs/configuration.md `[server.tls]`: no row \"| `cert` |\""]
+        [
+            "docs/configuration.md `[server.tls]`: no row \"| `cert` |\"",
+            "docs/configuration.md `[[server.tls.certs]]`: no row \"| `cert` |\""
+        ]
     );
     // Without its header, the TLS keys are no table's: the table and both keys are missing.
     assert_eq!(

@@ -25,7 +25,7 @@ fn record_key(gw: &TestGateway, raw_key: &str) -> RecordKey {
     h.insert(policy.header.clone(), HeaderValue::from_str(raw_key).unwrap());
     h.insert("authorization", HeaderValue::from_static(DEFAULT_AUTH));
     let k = policy.key(&h).unwrap().unwrap();
-    let scope = policy.scope(&h, policy.on_missing_scope).unwrap();
+    let scope = policy.scope(&h, None, policy.on_missing_scope).unwrap();
     gw.gateway.runtime().record_key("orders", &scope, &k)
 }
 
@@ -868,7 +868,7 @@ fn upstream_attempts(reply: &Reply) -> Option<&str> {
 fn record_scope_hash(gw: &TestGateway) -> String {
     let policy = gw.gateway.policy("orders").unwrap();
     let h = HeaderMap::from_iter([(http::header::AUTHORIZATION, HeaderValue::from_static(DEFAULT_AUTH))]);
-    policy.scope(&h, policy.on_missing_scope).unwrap().to_hex()
+    policy.scope(&h, None, policy.on_missing_scope).unwrap().to_hex()
 }
 
 fn client_addr(client: &Client) -> std::net::SocketAddr {

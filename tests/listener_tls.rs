@@ -145,3 +145,163 @@ fn bad_certificate_files_are_refused_at_load() {
         idemgate::config::Config::from_toml(&config("127.0.0.1:1".parse().unwrap(), dir.path()), "t").unwrap_err();
     assert!(err.to_string().contains("server.tls: certificate"), "{err}");
 }
+
+/// A certificate for `names` signed by `ca`, written to `dir/{file}.pem` and `dir/{file}-key.pem`.
+fn issue_for(dir: &std::path::Path, ca: &CertifiedIssuer<'static, KeyPair>, file: &str, names: &[&str]) {
+    let key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::new(names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>()).unwrap();
+    params.distinguished_name.push(DnType::CommonName, file);
+    let cert = params.signed_by(&key, ca).unwrap();
+    std::fs::write(dir.join(format!("{file}.pem")), cert.pem()).unwrap();
+    std::fs::write(dir.join(format!("{file}-key.pem")), key.serialize_pem()).unwrap();
+}
+
+/// A listener whose default certificate is for 127.0.0.1, with one for `api.example.com` and
+/// one for `*.example.com` chosen by SNI.
+fn sni_config(upstream: SocketAddr, dir: &std::path::Path) -> String {
+    let file = |name: &str| dir.join(name);
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
+
+[server.tls]
+cert = {:?}
+key = {:?}
+
+[[server.tls.certs]]
+hosts = ["api.example.com"]
+cert = {:?}
+key = {:?}
+
+[[server.tls.certs]]
+hosts = ["*.example.com"]
+cert = {:?}
+key = {:?}
+
+[store]
+backend = "memory"
+
+[upstreams.app]
+url = "http://{upstream}"
+
+[[routes]]
+name = "rest"
+path = "/{{*rest}}"
+upstream = "app"
+"#,
+        file("default.pem"),
+        file("default-key.pem"),
+        file("api.pem"),
+        file("api-key.pem"),
+        file("wild.pem"),
+        file("wild-key.pem"),
+    )
+}
+
+/// One TLS connection to `addr` asking for `sni` (none: by address, no SNI sent), trusting
+/// `ca`, speaking HTTP/1.1; the names of the certificate it was served are checked by rustls.
+async fn connect(
+    addr: SocketAddr,
+    ca: &CertificateDer<'static>,
+    sni: Option<&'static str>,
+) -> hyper::client::conn::http1::SendRequest<Empty<Bytes>> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.clone()).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let name = match sni {
+        Some(name) => ServerName::try_from(name).unwrap(),
+        None => ServerName::IpAddress(addr.ip().into()),
+    };
+    let tls = TlsConnector::from(Arc::new(config)).connect(name, tcp).await.unwrap();
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await.unwrap();
+    tokio::spawn(conn);
+    sender
+}
+
+async fn status_for(sender: &mut hyper::client::conn::http1::SendRequest<Empty<Bytes>>, host: &str) -> u16 {
+    sender.ready().await.unwrap();
+    let request = Request::get("/x").header("host", host).body(Empty::<Bytes>::new()).unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    let status = response.status().as_u16();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    if status == 421 {
+        assert!(String::from_utf8_lossy(&body).contains("misdirected-request"), "{body:?}");
+    }
+    status
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificates_are_chosen_by_name_and_a_host_the_served_one_does_not_cover_gets_421() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.distinguished_name.push(DnType::CommonName, "sni CA");
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
+    issue_for(dir.path(), &ca, "default", &["127.0.0.1"]);
+    issue_for(dir.path(), &ca, "api", &["api.example.com"]);
+    issue_for(dir.path(), &ca, "wild", &["*.example.com"]);
+    let ca_der = ca.der().clone();
+    let upstream = TestUpstream::start().await;
+    let gw = GatewayProc::start(&sni_config(upstream.addr, dir.path()));
+
+    // rustls on the client side refuses any certificate but one valid for the name it asked:
+    // each handshake below proves which certificate was chosen.
+    let mut api = connect(gw.addr, &ca_der, Some("api.example.com")).await;
+    assert_eq!(status_for(&mut api, "api.example.com").await, 201);
+    assert_eq!(status_for(&mut api, "API.example.com:443").await, 201);
+    // The same connection reused for a host its certificate does not cover.
+    assert_eq!(status_for(&mut api, "t.example.com").await, 421);
+    assert_eq!(status_for(&mut api, "api.example.com").await, 201, "the connection stays usable");
+
+    let mut wild = connect(gw.addr, &ca_der, Some("t.example.com")).await;
+    assert_eq!(status_for(&mut wild, "t.example.com").await, 201);
+    // Covered by the served certificate, whatever name was sent: reuse is allowed.
+    assert_eq!(status_for(&mut wild, "u.example.com").await, 201);
+    assert_eq!(status_for(&mut wild, "api.example.com").await, 201);
+    // A certificate's wildcard covers one label.
+    assert_eq!(status_for(&mut wild, "a.b.example.com").await, 421);
+
+    // No SNI: the default certificate.
+    let mut plain = connect(gw.addr, &ca_der, None).await;
+    assert_eq!(status_for(&mut plain, "127.0.0.1").await, 201);
+    assert_eq!(status_for(&mut plain, "api.example.com").await, 421);
+    // An unknown name is served the default too (the client would refuse it, as here).
+    let unknown = {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(ca_der.clone()).unwrap();
+        let config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let tcp = TcpStream::connect(gw.addr).await.unwrap();
+        TlsConnector::from(Arc::new(config)).connect(ServerName::try_from("other.test").unwrap(), tcp).await
+    };
+    assert!(unknown.is_err());
+
+    // The 201s only: nothing refused reached the upstream.
+    assert_eq!(upstream.seen().len(), 7);
+}
+
+#[test]
+fn a_certificate_that_does_not_cover_its_hosts_is_refused_at_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
+    issue_for(dir.path(), &ca, "default", &["127.0.0.1"]);
+    issue_for(dir.path(), &ca, "api", &["api.example.com"]);
+    issue_for(dir.path(), &ca, "wild", &["other.example.com"]);
+    let err = idemgate::config::Config::from_toml(&sni_config("127.0.0.1:1".parse().unwrap(), dir.path()), "t")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("wild.pem is not valid for *.example.com"), "{err}");
+}

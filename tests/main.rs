@@ -20,6 +20,7 @@ mod end_to_end;
 mod error_shapes;
 mod gateway;
 mod hardening;
+mod hosts;
 mod keys_cli;
 mod kubernetes;
 mod listener_tls;

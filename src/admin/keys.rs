@@ -11,6 +11,7 @@ use serde_json::json;
 use super::respond::{json_response, problem};
 use crate::body::{Body, BodyError};
 use crate::gateway::Gateway;
+use crate::host;
 use crate::operator::{Keys, Refusal, wire};
 use crate::policy::scope::{MissingScope, Scope};
 use crate::runtime::IdempotentRoute;
@@ -28,6 +29,7 @@ pub(super) struct KeysQuery {
     key: Option<String>,
     scope: Option<String>,
     scope_hash: Option<String>,
+    host: Option<String>,
     state: Option<String>,
     cursor: Option<String>,
     limit: Option<String>,
@@ -43,6 +45,7 @@ impl KeysQuery {
                 "key" => &mut q.key,
                 "scope" => &mut q.scope,
                 "scope_hash" => &mut q.scope_hash,
+                "host" => &mut q.host,
                 "state" => &mut q.state,
                 "cursor" => &mut q.cursor,
                 "limit" => &mut q.limit,
@@ -170,8 +173,10 @@ pub(super) fn record_of(
             .into());
     }
     let scope = match &query.scope_hash {
+        // The digest `GET /keys` lists: on a route that keeps keys per host, it holds the host.
         Some(hash) => Scope::from_hex(hash).ok_or("scope_hash must be 64 hex digits.")?,
         None => {
+            let host = on_host(route, query.host.as_deref())?;
             // The caller's scope sources, each sent as `Scope-NAME` (`Scope-Authorization`,
             // `Scope-Cookie`). Without them: the scope of a global route or the anonymous one.
             let mut caller = HeaderMap::new();
@@ -184,13 +189,36 @@ pub(super) fn record_of(
             }
             // A route that refuses callers without their scope holds no record without one:
             // looking up the anonymous scope would answer "absent" for a key that is stuck.
-            if policy.on_missing_scope == MissingScope::Reject && policy.scope(&caller, MissingScope::Reject).is_err() {
+            let host = host.as_deref();
+            if policy.on_missing_scope == MissingScope::Reject
+                && policy.scope(&caller, host, MissingScope::Reject).is_err()
+            {
                 return Err(per_caller(route));
             }
-            policy.scope(&caller, MissingScope::Anonymous).map_err(|e| e.to_string())?
+            policy.scope(&caller, host, MissingScope::Anonymous).map_err(|e| e.to_string())?
         }
     };
     Ok(gw.runtime().record_key(&route.name, &scope, &key))
+}
+
+/// The host a `/keys` call names (`host=`), normalised: required on a route that keeps keys
+/// per host, refused on one that does not (it would name no other record).
+fn on_host(route: &IdempotentRoute, given: Option<&str>) -> Result<Option<String>, String> {
+    match (route.policy.per_host, given) {
+        (true, Some(host)) => match host::normalize(host) {
+            Some(host) => Ok(Some(host.into_owned())),
+            None => Err(format!("host={host:?} is not a host name or address.")),
+        },
+        (true, None) => Err(format!(
+            "Route {:?} serves several hosts and keeps keys per host: a key has no record without its host. \
+             Give host= (idemgate keys: --host), or scope_hash.",
+            route.name
+        )),
+        (false, Some(_)) => {
+            Err(format!("Route {:?} keeps one key space for all the hosts it serves: leave host out.", route.name))
+        }
+        (false, None) => Ok(None),
+    }
 }
 
 /// What an operator who gave no (or not all of the) caller's scope on a per-caller route is

@@ -153,6 +153,20 @@ pub struct TlsSection {
     pub cert: PathBuf,
     /// PEM private key of the leaf.
     pub key: PathBuf,
+    /// Certificates for named hosts, chosen by the name a client sends (SNI); `cert` and
+    /// `key` above serve every other name, and clients that send none.
+    pub certs: Option<Vec<HostCertSection>>,
+}
+
+/// `[[server.tls.certs]]`
+#[derive(Debug, Deserialize)]
+pub struct HostCertSection {
+    /// The hosts whose name selects this certificate: `"api.example.com"`, `"*.example.com"`.
+    pub hosts: Vec<String>,
+    /// PEM certificate chain, leaf first.
+    pub cert: PathBuf,
+    /// PEM private key of the leaf.
+    pub key: PathBuf,
 }
 
 /// `[store]`
@@ -200,6 +214,8 @@ pub struct UpstreamSection {
 pub struct RouteSection {
     /// Unique name; appears in metrics and logs, and is part of every record's identity.
     pub name: String,
+    /// Hosts this route serves (`"api.example.com"`, `"*.example.com"`); every host when absent.
+    pub hosts: Option<Vec<String>>,
     /// HTTP methods this route matches; all methods when absent.
     pub methods: Option<Vec<String>>,
     /// Path pattern: exact (`/orders`), with parameters (`/orders/{id}`) or a tail (`/api/{*rest}`).

@@ -18,7 +18,7 @@ mod validate;
 mod words;
 
 pub use self::redis_url::{Address, Auth, Target as RedisTarget};
-pub use self::tls::{ListenerTls, TlsError};
+pub use self::tls::{HostCert, ListenerTls, Served, TlsError};
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -30,6 +30,7 @@ use http::{Method, Uri};
 use thiserror::Error;
 
 use crate::forwarded::TrustedProxies;
+pub use crate::host::HostPattern;
 use crate::policy::IdempotencyPolicy;
 use crate::policy::errors::ErrorShape;
 
@@ -217,6 +218,8 @@ pub struct UpstreamConfig {
 pub struct RouteConfig {
     /// Unique route name.
     pub name: String,
+    /// Hosts served; empty serves every host.
+    pub hosts: Vec<HostPattern>,
     /// Methods matched; `None` matches every method.
     pub methods: Option<Vec<Method>>,
     /// Path pattern in matchit syntax.

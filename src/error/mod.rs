@@ -51,11 +51,18 @@ pub enum GatewayError {
         /// The header named.
         header: String,
     },
-    /// An HTTP/1.1 request without exactly one Host header.
+    /// The host of a request cannot be told: an HTTP/1.1 request without exactly one Host
+    /// header, two hosts that differ, or a Host that is none.
     #[error("bad Host header")]
     BadHost {
         /// What is wrong with it.
         detail: &'static str,
+    },
+    /// A request for a host the certificate served on its connection does not cover.
+    #[error("misdirected request for {host}")]
+    Misdirected {
+        /// The host it named.
+        host: String,
     },
     /// The caller used up its budget of new keys on this route.
     #[error("too many new idempotency keys")]
@@ -169,11 +176,15 @@ impl GatewayError {
                     capitalise(&e.to_string())
                 ),
             ),
-            Self::BadHost { detail } => P::refused(
-                S::BAD_REQUEST,
-                "bad-host",
-                "Bad Host header",
-                format!("{detail} HTTP/1.1 requests carry exactly one."),
+            Self::BadHost { detail } => P::refused(S::BAD_REQUEST, "bad-host", "Bad Host header", (*detail).to_owned()),
+            Self::Misdirected { host } => P::refused(
+                S::MISDIRECTED_REQUEST,
+                "misdirected-request",
+                "Misdirected request",
+                format!(
+                    "The certificate this connection was served does not cover {host}: send the request on a \
+                     new connection to {host}. Nothing was forwarded."
+                ),
             ),
             Self::UpgradeRefused => P::refused(
                 S::BAD_REQUEST,
@@ -476,6 +487,7 @@ mod tests {
             ScopeMissing { missing: "header:a".into() }.into(),
             GatewayError::ConnectionHeader { header: "a".into() },
             GatewayError::BadHost { detail: "x" },
+            GatewayError::Misdirected { host: "x".into() },
             GatewayError::TooManyNewKeys { retry_after: Duration::ZERO },
             GatewayError::UpgradeRefused,
             GatewayError::Overloaded,

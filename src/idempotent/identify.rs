@@ -12,6 +12,7 @@ use hyper::body::Incoming;
 use super::context::Claimant;
 use crate::body;
 use crate::error::GatewayError;
+use crate::host;
 use crate::policy::fingerprint;
 use crate::policy::key::KeyError;
 use crate::runtime::{IdempotentRoute, Runtime};
@@ -54,7 +55,9 @@ pub async fn identify(
     if let Some(name) = &policy.attempt_header {
         parts.headers.remove(name);
     }
-    let scope = policy.scope(&parts.headers, policy.on_missing_scope)?;
+    let host = policy.per_host.then(|| host::of_head(&parts.uri, &parts.headers)).flatten();
+    let scope = policy.scope(&parts.headers, host.as_deref(), policy.on_missing_scope)?;
+    drop(host);
     let body =
         body::read_bounded(&parts.headers, body, policy.max_request_body, route.settings.body_read_timeout).await?;
     let fingerprint = fingerprint::compute(&route.name, &policy.fingerprint, &parts, &body);

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use http::{HeaderMap, StatusCode};
 
 /// Every problem type the gateway answers with (the `type` slugs), for `[errors.TYPE]`.
-pub const PROBLEM_TYPES: [&str; 21] = [
+pub const PROBLEM_TYPES: [&str; 22] = [
     "no-route",
     "key-missing",
     "key-malformed",
@@ -24,6 +24,7 @@ pub const PROBLEM_TYPES: [&str; 21] = [
     "body-timeout",
     "scope-missing",
     "bad-host",
+    "misdirected-request",
     "upgrade-refused",
     "connection-header",
     "too-many-new-keys",

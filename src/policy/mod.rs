@@ -39,6 +39,9 @@ pub struct IdempotencyPolicy {
     pub max_key_len: usize,
     /// Whose key space a request belongs to.
     pub scope: ScopeSource,
+    /// Whether the request's host is part of that key space: on a route that serves several
+    /// hosts (or a wildcard), tenants under one route never share records.
+    pub per_host: bool,
     /// What a keyed request without its scope gets.
     pub on_missing_scope: MissingScope,
     /// What besides method, path, query and body goes into the fingerprint.
@@ -160,10 +163,13 @@ impl IdempotencyPolicy {
         key::extract(headers, &self.header, self.max_key_len)
     }
 
-    /// The caller's scope, read from this route's sources; `missing` says what a request
-    /// without one of them gets (the route's `on_missing_scope` on the request path).
-    pub fn scope(&self, headers: &HeaderMap, missing: MissingScope) -> Result<Scope, ScopeMissing> {
-        scope::derive(&self.scope, missing, headers)
+    /// The caller's scope, read from this route's sources, on `host` when the route keeps
+    /// records per host; `missing` says what a request without one of them gets (the route's
+    /// `on_missing_scope` on the request path).
+    pub fn scope(&self, headers: &HeaderMap, host: Option<&str>, missing: MissingScope) -> Result<Scope, ScopeMissing> {
+        let scope = scope::derive(&self.scope, missing, headers)?;
+        // A route with hosts matches only requests that name one: `None` is not reached.
+        Ok(if self.per_host { scope.within_host(host.unwrap_or("")) } else { scope })
     }
 
     /// How long an in-progress record may live in the store at most: long enough for the

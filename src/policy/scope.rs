@@ -171,6 +171,18 @@ impl Scope {
         &self.0
     }
 
+    /// This caller's key space on one host, for a route that serves several: the same key
+    /// and caller on `a.example.com` and on `b.example.com` are two records, so one tenant is
+    /// never answered with another's stored response.
+    pub fn within_host(&self, host: &str) -> Self {
+        let mut hasher = Sha256::new();
+        hasher.update(b"idemgate-scope-host-v1\0");
+        hasher.update((host.len() as u64).to_be_bytes());
+        hasher.update(host.as_bytes());
+        hasher.update(self.0);
+        Self(hasher.finalize().into())
+    }
+
     /// Reads the hex form (`Scope::to_hex`), as the admin API takes it.
     pub fn from_hex(text: &str) -> Option<Self> {
         let mut out = [0u8; 32];

@@ -196,10 +196,13 @@ impl Server {
                 match tls {
                     None => Box::pin(serve_proxy(stream, connection, live, builder)).await,
                     // The handshake counts against the header timeout, like a silent client.
-                    Some(acceptor) => {
+                    Some(tls) => {
                         Box::pin(async move {
-                            match tokio::time::timeout(handshake, acceptor.accept(stream)).await {
-                                Ok(Ok(stream)) => serve_proxy(stream, connection, live, builder).await,
+                            match tokio::time::timeout(handshake, tls.acceptor().accept(stream)).await {
+                                Ok(Ok(stream)) => {
+                                    connection.served(tls.served(stream.get_ref().1.server_name()));
+                                    serve_proxy(stream, connection, live, builder).await
+                                }
                                 Ok(Err(e)) => {
                                     tracing::debug!(peer = %connection.peer.ip(), error = %e, "TLS handshake failed")
                                 }

@@ -151,6 +151,10 @@ pub(super) struct ScopeArgs {
     /// The caller's scope as its digest (64 hex digits) instead of its headers.
     #[arg(long, value_name = "HEX", value_parser = parse_scope_hash, conflicts_with = "scope_stdin")]
     pub(super) scope_hash: Option<String>,
+    /// The host the request was sent to, on a route that serves several hosts and keeps keys
+    /// per host (a scope hash already holds it).
+    #[arg(long, value_name = "HOST", conflicts_with = "scope_hash")]
+    pub(super) host: Option<String>,
 }
 
 #[derive(Args)]

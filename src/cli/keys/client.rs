@@ -28,11 +28,15 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// A page of 1000 records is a few hundred KiB; far more means the URL names something else.
 const MAX_ANSWER_BYTES: usize = 32 << 20;
 
-/// `route=R&key=K[&scope_hash=H]`, percent-encoded: keys may hold any printable character.
+/// `route=R&key=K[&scope_hash=H][&host=H]`, percent-encoded: keys may hold any printable
+/// character.
 pub(super) fn target_query(route: &str, key: &str, scope: &CallerScope) -> String {
     let mut pairs = vec![("route", route), ("key", key)];
     if let Some(hash) = &scope.hash {
         pairs.push(("scope_hash", hash));
+    }
+    if let Some(host) = &scope.host {
+        pairs.push(("host", host));
     }
     encode_query(&pairs)
 }

@@ -45,11 +45,19 @@ pub(super) fn admin_token() -> Result<HeaderValue, Failure> {
 pub(super) struct CallerScope {
     pub(super) headers: Vec<(HeaderName, HeaderValue)>,
     pub(super) hash: Option<String>,
+    /// The host, on a route that keeps keys per host.
+    pub(super) host: Option<String>,
 }
 
 impl CallerScope {
     pub(super) fn none() -> Self {
-        Self { headers: Vec::new(), hash: None }
+        Self { headers: Vec::new(), hash: None, host: None }
+    }
+
+    /// The same caller on `host`.
+    pub(super) fn on(mut self, host: Option<&str>) -> Self {
+        self.host = host.map(str::to_owned);
+        self
     }
 }
 
@@ -62,7 +70,7 @@ pub(super) fn caller_scope(from_stdin: bool, scope_hash: Option<&str>) -> Result
         if !headers.is_empty() {
             eprintln!("idemgate keys: --scope-hash given: the {SCOPE_VAR_PREFIX}* variables are not sent");
         }
-        return Ok(CallerScope { headers: Vec::new(), hash: Some(hash.to_owned()) });
+        return Ok(CallerScope { headers: Vec::new(), hash: Some(hash.to_owned()), host: None });
     }
     if from_stdin {
         if std::io::stdin().is_terminal() {
@@ -76,7 +84,7 @@ pub(super) fn caller_scope(from_stdin: bool, scope_hash: Option<&str>) -> Result
             .map_err(|e| Failure::Usage(format!("--scope-stdin: cannot read standard input as UTF-8 text: {e}")))?;
         headers.extend(parse_scope_lines(&text).map_err(Failure::Usage)?);
     }
-    Ok(CallerScope { headers, hash: None })
+    Ok(CallerScope { headers, hash: None, host: None })
 }
 
 /// `IDEMGATE_SCOPE_<NAME>=value` → `Scope-<Name>: value`, in the variables' name order.

@@ -63,18 +63,27 @@ fn execute(action: Action) -> Result<(), Failure> {
             runtime.block_on(list(&client, &args))
         }
         Action::Show(args) => {
-            let scope = caller_scope(args.scope.scope_stdin, args.scope.scope_hash.as_deref())?;
+            let scope =
+                caller_scope(args.scope.scope_stdin, args.scope.scope_hash.as_deref())?.on(args.scope.host.as_deref());
             let client = AdminClient::new(&url, token)?;
             runtime.block_on(show(&client, &args, &scope))
         }
         Action::Resolve(args) => {
             let body = resolve_body(args.body.as_deref(), args.body_file.as_deref(), args.target.scope.scope_stdin)?;
-            let scope = caller_scope(args.target.scope.scope_stdin, args.target.scope.scope_hash.as_deref())?;
+            let scope = caller_scope(args.target.scope.scope_stdin, args.target.scope.scope_hash.as_deref())?.on(args
+                .target
+                .scope
+                .host
+                .as_deref());
             let client = AdminClient::new(&url, token)?;
             runtime.block_on(resolve(&client, &args, &scope, &body))
         }
         Action::Release(args) => {
-            let scope = caller_scope(args.target.scope.scope_stdin, args.target.scope.scope_hash.as_deref())?;
+            let scope = caller_scope(args.target.scope.scope_stdin, args.target.scope.scope_hash.as_deref())?.on(args
+                .target
+                .scope
+                .host
+                .as_deref());
             let client = AdminClient::new(&url, token)?;
             runtime.block_on(release(&client, &args, &scope))
         }

@@ -9,7 +9,7 @@ use http::{HeaderName, Method, Uri};
 use super::{Issues, body_limit, header_name, positive_duration};
 use crate::config::defaults;
 use crate::config::file::{self, File, IdempotencySection, OneOrMany, ReconcileSection, StatusEntry};
-use crate::config::{RouteConfig, UpstreamConfig};
+use crate::config::{HostPattern, RouteConfig, UpstreamConfig};
 use crate::headers::{self, StoredHeaders};
 use crate::policy::errors::ErrorShape;
 use crate::policy::fingerprint::{FingerprintSpec, JsonPointer};
@@ -68,12 +68,18 @@ pub(super) fn routes(file: &File, errors: &ErrorShape, issues: &mut Issues) -> V
         if !file.upstreams.contains_key(&r.upstream) {
             issues.add(format!("{key}.upstream"), format!("{:?} is not defined under [upstreams]", r.upstream));
         }
+        let hosts = r.hosts.as_ref().map_or_else(Vec::new, |hs| hosts(&format!("{key}.hosts"), hs, issues));
         let methods = r.methods.as_ref().map(|ms| methods(&format!("{key}.methods"), ms, issues));
-        let idempotency = r.idempotency.as_ref().and_then(|s| policy(&format!("{key}.idempotency"), s, issues));
+        let mut idempotency = r.idempotency.as_ref().and_then(|s| policy(&format!("{key}.idempotency"), s, issues));
+        if let Some(policy) = &mut idempotency {
+            // One exact host keeps the names records had before routes had hosts.
+            policy.per_host = hosts.len() > 1 || hosts.iter().any(HostPattern::is_wildcard);
+        }
         let errors = super::errors::shape(&format!("{key}.errors"), r.errors.as_ref(), errors, issues)
             .map_or_else(|| Arc::new(errors.clone()), Arc::new);
         out.push(RouteConfig {
             name: r.name.clone(),
+            hosts,
             methods,
             path: r.path.clone(),
             upstream: r.upstream.clone(),
@@ -81,13 +87,33 @@ pub(super) fn routes(file: &File, errors: &ErrorShape, issues: &mut Issues) -> V
             errors,
         });
     }
-    let specs =
-        out.iter().map(|r| RouteSpec { name: &r.name, pattern: &r.path, methods: r.methods.as_deref(), value: () });
+    let specs = out.iter().map(|r| RouteSpec {
+        name: &r.name,
+        hosts: &r.hosts,
+        pattern: &r.path,
+        methods: r.methods.as_deref(),
+        value: (),
+    });
     if let Err(e) = Router::new(specs) {
         let index = match &e {
             RouterError::Pattern { index, .. } | RouterError::Overlap { index, .. } => *index,
         };
         issues.add(format!("routes[{index}].path"), e.to_string());
+    }
+    out
+}
+
+fn hosts(key: &str, entries: &[String], issues: &mut Issues) -> Vec<HostPattern> {
+    if entries.is_empty() {
+        issues.add(key, "is empty; leave it out to serve every host");
+    }
+    let mut out: Vec<HostPattern> = Vec::with_capacity(entries.len());
+    for entry in entries {
+        match HostPattern::parse(entry) {
+            Ok(host) if out.contains(&host) => issues.add(key, format!("{entry:?} is listed twice (as {host})")),
+            Ok(host) => out.push(host),
+            Err(e) => issues.add(key, e),
+        }
     }
     out
 }
@@ -198,6 +224,7 @@ fn policy(key: &str, s: &IdempotencySection, issues: &mut Issues) -> Option<Idem
         header: header?,
         max_key_len,
         scope: scope?,
+        per_host: false,
         on_missing_scope: on_missing_scope?,
         on_unknown_outcome: on_unknown_outcome?,
         attempt_header: attempt_header?,

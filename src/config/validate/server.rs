@@ -7,7 +7,8 @@ use http::Uri;
 use super::{Issues, positive_duration, positive_size};
 use crate::config::defaults;
 use crate::config::file;
-use crate::config::{Limits, ListenerTls, LogFormat, ServerConfig};
+use crate::config::file::HostCertSection;
+use crate::config::{HostCert, HostPattern, Limits, ListenerTls, LogFormat, ServerConfig};
 use crate::forwarded::TrustedProxies;
 
 pub(super) fn server(
@@ -71,7 +72,11 @@ pub(super) fn server(
     let log_format =
         issues.check("server.log_format", LogFormat::parse(s.log_format.as_deref().unwrap_or(defaults::LOG_FORMAT)));
     let tls = s.tls.as_ref().and_then(|t| {
-        issues.check("server.tls", ListenerTls::load(t.cert.clone(), t.key.clone()).map_err(|e| e.to_string()))
+        let by_host = host_certs(t.certs.as_deref().unwrap_or_default(), issues)?;
+        issues.check(
+            "server.tls",
+            ListenerTls::load_all(t.cert.clone(), t.key.clone(), by_host).map_err(|e| e.to_string()),
+        )
     });
     Some(ServerConfig {
         tls,
@@ -143,4 +148,38 @@ fn limits(s: &file::ServerSection, issues: &mut Issues) -> Option<Limits> {
 
 fn socket_addr(text: &str) -> Result<SocketAddr, String> {
     text.parse().map_err(|_| format!("{text:?} is not an IP address with a port, like \"0.0.0.0:8080\""))
+}
+
+/// `[[server.tls.certs]]`: each entry's hosts, no host selecting two certificates. `None`
+/// when one is wrong (each said in `issues`).
+fn host_certs(entries: &[HostCertSection], issues: &mut Issues) -> Option<Vec<HostCert>> {
+    let mut out = Vec::with_capacity(entries.len());
+    let mut seen: Vec<HostPattern> = Vec::new();
+    let mut ok = true;
+    for (i, entry) in entries.iter().enumerate() {
+        let key = format!("server.tls.certs[{i}].hosts");
+        if entry.hosts.is_empty() {
+            issues.add(&key, "is empty: name the hosts whose name selects this certificate");
+            ok = false;
+        }
+        let mut hosts = Vec::with_capacity(entry.hosts.len());
+        for text in &entry.hosts {
+            match HostPattern::parse(text) {
+                Ok(host) if seen.contains(&host) => {
+                    issues.add(&key, format!("{text:?} selects an earlier certificate already (as {host})"));
+                    ok = false;
+                }
+                Ok(host) => {
+                    seen.push(host.clone());
+                    hosts.push(host);
+                }
+                Err(e) => {
+                    issues.add(&key, e);
+                    ok = false;
+                }
+            }
+        }
+        out.push(HostCert { hosts, cert: entry.cert.clone(), key: entry.key.clone() });
+    }
+    ok.then_some(out)
 }

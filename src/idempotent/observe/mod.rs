@@ -35,6 +35,7 @@ use super::{admit, settle};
 use crate::body::{self, Body, Readout, Unread};
 use crate::check;
 use crate::error::GatewayError;
+use crate::host;
 use crate::metrics::{Outcome, Would};
 use crate::policy::fingerprint;
 use crate::proxy;
@@ -120,9 +121,11 @@ async fn classify(rt: &Runtime, route: &IdempotentRoute, request: Request<Incomi
     if check::keyed(request.headers(), policy).is_err() {
         return unobserved(Would::UnsafeHeaders, request);
     }
-    let Ok(scope) = policy.scope(request.headers(), policy.on_missing_scope) else {
+    let host = policy.per_host.then(|| host::of_head(request.uri(), request.headers())).flatten();
+    let Ok(scope) = policy.scope(request.headers(), host.as_deref(), policy.on_missing_scope) else {
         return unobserved(Would::MissingScope, request);
     };
+    drop(host);
     let (parts, incoming) = request.into_parts();
     let deadline = route.settings.body_read_timeout;
     let body = match body::read_or_pass(&parts.headers, incoming, policy.max_request_body, deadline).await {
