@@ -339,6 +339,30 @@ fn hosts_are_checked_and_each_mistake_explained() {
 }
 
 #[test]
+fn instance_urls_and_ejection_are_checked_and_each_mistake_explained() {
+    let with = |lines: &str| MINIMAL.replace("url = \"http://127.0.0.1:3000\"", lines);
+    let config = Config::from_toml(&with("urls = [\"http://10.0.0.5:3000\", \"http://10.0.0.6:3000/\"]"), "t").unwrap();
+    assert_eq!(config.upstreams[0].urls.len(), 2);
+    assert_eq!(config.upstreams[0].ejection.after, 3);
+    assert_issue(&with("urls = []"), "upstreams.app.urls", "is empty");
+    assert_issue(
+        &with("url = \"http://a:1\"\nurls = [\"http://b:1\"]"),
+        "upstreams.app.urls",
+        "give url (one instance) or urls (several), not both",
+    );
+    assert_issue(&with(""), "upstreams.app.url", "is required (or urls, for several instances)");
+    assert_issue(&with("urls = [\"http://a:1\", \"https://b:1\"]"), "upstreams.app.urls", "one scheme");
+    assert_issue(&with("urls = [\"http://a:1/v1\", \"http://b:1/v2\"]"), "upstreams.app.urls", "same path prefix");
+    assert_issue(&with("urls = [\"http://a:1\", \"http://a:1\"]"), "upstreams.app.urls", "listed twice");
+    assert_issue(&with("urls = [\"ftp://a:1\"]"), "upstreams.app.urls", "must start with http:// or https://");
+    let many: Vec<String> = (0..65).map(|i| format!("\"http://10.0.0.{i}:3000\"")).collect();
+    assert_issue(&with(&format!("urls = [{}]", many.join(", "))), "upstreams.app.urls", "at most 64");
+    let url = "url = \"http://a:1\"";
+    assert_issue(&with(&format!("{url}\neject_after = 0")), "upstreams.app.eject_after", "between 1 and 1000");
+    assert_issue(&with(&format!("{url}\neject_for = \"1h\"")), "upstreams.app.eject_for", "at most");
+}
+
+#[test]
 fn upstream_urls_and_ca_files_are_checked() {
     let with = |url: &str| MINIMAL.replace("url = \"http://127.0.0.1:3000\"", &format!("url = \"{url}\""));
     assert_issue(&with("http://127.0.0.1:3000/?x=1"), "upstreams.app.url", "must not have a query");

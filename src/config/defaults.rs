@@ -28,6 +28,14 @@ pub const MAX_ENTRIES: usize = 100_000;
 pub const MAX_BYTES: u64 = 256 << 20;
 pub const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Connect failures running that leave an instance out of the balance.
+pub const EJECT_AFTER: u32 = 3;
+/// How long an instance is left out the first time; doubled while it keeps failing.
+pub const EJECT_FOR: Duration = Duration::from_secs(5);
+/// The longest an instance is left out.
+pub const EJECT_MAX: Duration = Duration::from_secs(300);
+/// Most instances one upstream takes.
+pub const MAX_INSTANCES: usize = 64;
 pub const KEY_HEADER: &str = "idempotency-key";
 pub const MAX_KEY_LEN: usize = 255;
 pub const SCOPE: &str = "header:Authorization";

@@ -200,7 +200,13 @@ pub struct StoreSection {
 #[derive(Debug, Deserialize)]
 pub struct UpstreamSection {
     /// Base URL, `http://host:port` or `https://host:port`, optionally with a path prefix.
-    pub url: String,
+    pub url: Option<String>,
+    /// Several instances of one service, each a base URL like `url` (instead of `url`).
+    pub urls: Option<Vec<String>>,
+    /// Connect failures running that leave an instance out of the balance.
+    pub eject_after: Option<u32>,
+    /// How long an instance is left out the first time; doubled while it keeps failing.
+    pub eject_for: Option<HumanDuration>,
     /// Maximum time for the upstream to answer (for idempotent routes: the whole response).
     pub timeout: Option<HumanDuration>,
     /// Maximum time to establish a connection.

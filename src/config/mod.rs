@@ -33,6 +33,7 @@ use crate::forwarded::TrustedProxies;
 pub use crate::host::HostPattern;
 use crate::policy::IdempotencyPolicy;
 use crate::policy::errors::ErrorShape;
+pub use crate::upstream::Ejection;
 
 /// The validated configuration of one gateway process.
 #[derive(Debug, Clone)]
@@ -203,14 +204,22 @@ impl fmt::Debug for Secret {
 pub struct UpstreamConfig {
     /// The table's name.
     pub name: String,
-    /// Base URL: scheme, authority and an optional path prefix.
-    pub url: Uri,
+    /// Base URLs, one per instance (at least one): scheme, authority and an optional path
+    /// prefix, the same scheme and prefix for all.
+    pub urls: Vec<Uri>,
+    /// When an instance that fails to connect is left out of the balance.
+    pub ejection: Ejection,
     /// Deadline of one upstream exchange.
     pub timeout: Duration,
     /// Deadline of establishing a connection.
     pub connect_timeout: Duration,
     /// CA bundle replacing the system roots for https.
     pub ca_file: Option<PathBuf>,
+}
+
+/// When an instance is left out, as an `[upstreams.NAME]` without `eject_*` says.
+pub(crate) fn default_ejection() -> Ejection {
+    Ejection { after: defaults::EJECT_AFTER, base: defaults::EJECT_FOR, max: defaults::EJECT_MAX }
 }
 
 /// `[[routes]]`

@@ -311,7 +311,8 @@ fn scopeguard(f: impl FnOnce()) -> impl Drop {
 /// for the whole exchange.
 async fn call(upstream: &Upstream, request: Request<Bytes>, limit: usize) -> Ended {
     let deadline = Instant::now() + upstream.timeout();
-    let response = match tokio::time::timeout_at(deadline, upstream.send(request.map(body::full))).await {
+    // A request no instance was sent may go to another, within this one deadline.
+    let response = match tokio::time::timeout_at(deadline, upstream.send_buffered(request)).await {
         Err(_) => return Ended::NoAnswer(upstream.timed_out()),
         Ok(Err(e)) if e.never_sent() => return Ended::NotSent(e),
         Ok(Err(e)) => return Ended::NoAnswer(e),

@@ -45,7 +45,6 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::capture::{self, Captured};
-use crate::body;
 use crate::error::Settling;
 use crate::forwarded::Peer;
 use crate::headers;
@@ -369,8 +368,9 @@ async fn call(route: &IdempotentRoute, reconcile: &Reconcile, question: &Questio
     parts.headers = question.headers.clone();
     prepare(route, &mut parts, &question.peer);
     let deadline = Instant::now() + upstream.timeout();
-    let request = Request::from_parts(parts, body::full(Bytes::new()));
-    let response = match tokio::time::timeout_at(deadline, upstream.send(request)).await {
+    // A lookup asks any instance that connects (they answer from one shared database).
+    let request = Request::from_parts(parts, Bytes::new());
+    let response = match tokio::time::timeout_at(deadline, upstream.send_buffered(request)).await {
         Err(_) => return Answer::Failed(format!("no answer within {:?}", upstream.timeout())),
         Ok(Err(e)) => return Answer::Failed(e.to_string()),
         Ok(Ok(mut response)) => {

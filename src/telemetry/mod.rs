@@ -87,7 +87,8 @@ impl Telemetry {
     pub fn start(config: &TelemetryConfig) -> Result<Self, TelemetryError> {
         let collector = UpstreamConfig {
             name: "telemetry".into(),
-            url: config.traces_url.clone(),
+            urls: vec![config.traces_url.clone()],
+            ejection: crate::config::default_ejection(),
             timeout: EXPORT_TIMEOUT,
             connect_timeout: Duration::from_secs(5),
             ca_file: config.ca_file.clone(),

@@ -400,14 +400,13 @@ pub(crate) fn check_config_agrees_with_compose(stack: &Stack) -> Vec<String> {
                 "service `{name}`: store.backend is memory; the gateways must share Redis for cross-gateway replays"
             )),
         }
-        for upstream in &config.upstreams {
+        for (upstream, url) in config.upstreams.iter().flat_map(|u| u.urls.iter().map(move |url| (u, url))) {
             let key = format!("upstreams.{}.url", upstream.name);
-            let Some(host) = upstream.url.host() else {
+            let Some(host) = url.host() else {
                 problems.push(format!("service `{name}`: {key} has no host"));
                 continue;
             };
-            let port =
-                upstream.url.port_u16().unwrap_or(if upstream.url.scheme_str() == Some("https") { 443 } else { 80 });
+            let port = url.port_u16().unwrap_or(if url.scheme_str() == Some("https") { 443 } else { 80 });
             let Some(target) = stack.service(host) else {
                 problems.push(format!("service `{name}`: {key} host `{host}` is not a compose service"));
                 continue;
@@ -415,8 +414,7 @@ pub(crate) fn check_config_agrees_with_compose(stack: &Stack) -> Vec<String> {
             match stack.listen_ports(target) {
                 Ok(ports) if ports.contains(&port) => {}
                 Ok(ports) => problems.push(format!(
-                    "service `{name}`: {key} = {} uses port {port}, but service `{host}` listens on {ports:?}",
-                    upstream.url
+                    "service `{name}`: {key} = {url} uses port {port}, but service `{host}` listens on {ports:?}"
                 )),
                 Err(e) => problems.push(format!("service `{name}`: {key}: service `{host}`: {e}")),
             }

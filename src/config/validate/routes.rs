@@ -9,7 +9,7 @@ use http::{HeaderName, Method, Uri};
 use super::{Issues, body_limit, header_name, positive_duration};
 use crate::config::defaults;
 use crate::config::file::{self, File, IdempotencySection, OneOrMany, ReconcileSection, StatusEntry};
-use crate::config::{HostPattern, RouteConfig, UpstreamConfig};
+use crate::config::{Ejection, HostPattern, RouteConfig, UpstreamConfig};
 use crate::headers::{self, StoredHeaders};
 use crate::policy::errors::ErrorShape;
 use crate::policy::fingerprint::{FingerprintSpec, JsonPointer};
@@ -23,7 +23,16 @@ const MAX_KEY_LEN_LIMIT: usize = 8192;
 
 pub(super) fn upstream(name: &str, s: &file::UpstreamSection, issues: &mut Issues) -> Option<UpstreamConfig> {
     let key = format!("upstreams.{name}");
-    let url = issues.check(&format!("{key}.url"), upstream_url(&s.url));
+    let urls = instance_urls(&key, s, issues);
+    let url = urls.as_ref().and_then(|u| u.first().cloned());
+    let eject_after = s.eject_after.unwrap_or(defaults::EJECT_AFTER);
+    if !(1..=1000).contains(&eject_after) {
+        issues.add(format!("{key}.eject_after"), "must be between 1 and 1000 connect failures");
+    }
+    let eject_for = positive_duration(issues, &format!("{key}.eject_for"), s.eject_for, defaults::EJECT_FOR);
+    if eject_for > defaults::EJECT_MAX {
+        issues.add(format!("{key}.eject_for"), format!("must be at most {:?}", defaults::EJECT_MAX));
+    }
     let timeout = positive_duration(issues, &format!("{key}.timeout"), s.timeout, defaults::UPSTREAM_TIMEOUT);
     let connect_timeout =
         positive_duration(issues, &format!("{key}.connect_timeout"), s.connect_timeout, defaults::CONNECT_TIMEOUT);
@@ -34,7 +43,62 @@ pub(super) fn upstream(name: &str, s: &file::UpstreamSection, issues: &mut Issue
             issues.add(format!("{key}.ca_file"), format!("cannot read {}: {e}", path.display()));
         }
     }
-    Some(UpstreamConfig { name: name.to_owned(), url: url?, timeout, connect_timeout, ca_file: s.ca_file.clone() })
+    let ejection = Ejection { after: eject_after, base: eject_for, max: defaults::EJECT_MAX.max(eject_for) };
+    Some(UpstreamConfig {
+        name: name.to_owned(),
+        urls: urls?,
+        ejection,
+        timeout,
+        connect_timeout,
+        ca_file: s.ca_file.clone(),
+    })
+}
+
+/// `url`, or `urls`: one base URL per instance, all with one scheme and one path prefix (a
+/// request must mean the same on each), none twice.
+fn instance_urls(key: &str, s: &file::UpstreamSection, issues: &mut Issues) -> Option<Vec<Uri>> {
+    match (&s.url, &s.urls) {
+        (Some(url), None) => issues.check(&format!("{key}.url"), upstream_url(url)).map(|u| vec![u]),
+        (None, Some(list)) => {
+            let field = format!("{key}.urls");
+            if list.is_empty() {
+                issues.add(&field, "is empty: list each instance's base URL, like [\"http://10.0.0.5:3000\"]");
+                return None;
+            }
+            if list.len() > defaults::MAX_INSTANCES {
+                issues.add(&field, format!("lists {} instances; at most {}", list.len(), defaults::MAX_INSTANCES));
+                return None;
+            }
+            let mut out: Vec<Uri> = Vec::with_capacity(list.len());
+            for text in list {
+                let Some(url) = issues.check(&field, upstream_url(text)) else { continue };
+                if let Some(first) = out.first() {
+                    if url.scheme() != first.scheme() {
+                        issues.add(&field, format!("{text:?}: every instance uses one scheme ({first} does not)"));
+                        continue;
+                    }
+                    if url.path().trim_end_matches('/') != first.path().trim_end_matches('/') {
+                        issues.add(&field, format!("{text:?}: every instance has the same path prefix as {first}"));
+                        continue;
+                    }
+                }
+                if out.iter().any(|u| u.authority() == url.authority()) {
+                    issues.add(&field, format!("{text:?} is listed twice"));
+                    continue;
+                }
+                out.push(url);
+            }
+            (out.len() == list.len()).then_some(out)
+        }
+        (Some(_), Some(_)) => {
+            issues.add(format!("{key}.urls"), "give url (one instance) or urls (several), not both");
+            None
+        }
+        (None, None) => {
+            issues.add(format!("{key}.url"), "is required (or urls, for several instances)");
+            None
+        }
+    }
 }
 
 fn upstream_url(text: &str) -> Result<Uri, String> {

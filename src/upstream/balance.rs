@@ -1,0 +1,189 @@
+//! Balance: which instance of an upstream a request goes to, and which are left out.
+//!
+//! Least outstanding requests over two random choices (as Envoy and linkerd balance): two
+//! instances are drawn, the one with fewer requests in flight gets the request. It needs no
+//! shared state but a counter per instance, spreads evenly at equal load, and steers away
+//! from a slow instance, whose requests pile up.
+//!
+//! Passive health: an instance whose connections fail `eject_after` times running is left out
+//! for `eject_for`, doubled at each ejection that follows without a success between, up to
+//! `eject_max`. Never all of them: with every instance left out, the draw is among all, since
+//! a request that might connect beats one refused outright.
+//!
+//! The hazard is a retry that goes elsewhere. Only a request that was never sent may (a
+//! failed connect; an HTTP/2 stream refused): the caller says which instances it tried, and
+//! the draw excludes them.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// When an instance is left out, and for how long.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ejection {
+    /// Connect failures running that leave an instance out.
+    pub after: u32,
+    /// The first time it is left out.
+    pub base: Duration,
+    /// The longest.
+    pub max: Duration,
+}
+
+/// One instance's state as the balancer sees it.
+#[derive(Debug, Default)]
+pub struct Load {
+    outstanding: AtomicUsize,
+    health: Mutex<Health>,
+}
+
+#[derive(Debug, Default)]
+struct Health {
+    /// Connect failures since the last success.
+    failures: u32,
+    /// Ejections since the last success.
+    ejections: u32,
+    out_until: Option<Instant>,
+}
+
+/// What became of an instance's connect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Connected {
+    /// It answered.
+    Yes,
+    /// It could not be reached; `Some` when that ejected it, for how long.
+    No(Option<Duration>),
+}
+
+impl Load {
+    /// Requests in flight to it.
+    pub fn outstanding(&self) -> usize {
+        self.outstanding.load(Ordering::Relaxed)
+    }
+
+    /// Counts a request to it until the guard drops.
+    pub fn begin(self: &Arc<Self>) -> InFlight {
+        self.outstanding.fetch_add(1, Ordering::Relaxed);
+        InFlight(Arc::clone(self))
+    }
+
+    fn health(&self) -> std::sync::MutexGuard<'_, Health> {
+        self.health.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether it is left out now.
+    pub fn out(&self, now: Instant) -> bool {
+        self.health().out_until.is_some_and(|until| until > now)
+    }
+
+    /// Notes a connect's result; ejects it after `rule.after` failures running.
+    pub fn connected(&self, ok: bool, rule: &Ejection, now: Instant) -> Connected {
+        let mut h = self.health();
+        if ok {
+            *h = Health::default();
+            return Connected::Yes;
+        }
+        h.failures += 1;
+        if h.failures < rule.after {
+            return Connected::No(None);
+        }
+        h.failures = 0;
+        let factor = 1u32.checked_shl(h.ejections.min(16)).unwrap_or(u32::MAX);
+        let out_for = rule.base.saturating_mul(factor).min(rule.max);
+        h.ejections = h.ejections.saturating_add(1);
+        h.out_until = Some(now + out_for);
+        Connected::No(Some(out_for))
+    }
+}
+
+/// A request in flight to one instance.
+#[derive(Debug)]
+pub struct InFlight(Arc<Load>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.outstanding.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Picks among `loads` (indexed like the instances), leaving out `tried`: two random
+/// candidates among those not left out (all of them if every one is), the one with fewer
+/// requests in flight. `None` when every instance was tried.
+pub fn pick(loads: &[&Load], tried: &[usize], now: Instant, random: &mut impl FnMut(usize) -> usize) -> Option<usize> {
+    let untried = |i: &usize| !tried.contains(i);
+    let healthy: Vec<usize> = (0..loads.len()).filter(untried).filter(|&i| !loads[i].out(now)).collect();
+    let pool: Vec<usize> = if healthy.is_empty() { (0..loads.len()).filter(untried).collect() } else { healthy };
+    match pool.len() {
+        0 => None,
+        1 => Some(pool[0]),
+        n => {
+            let a = random(n);
+            // A second draw among the others: two distinct candidates.
+            let b = (a + 1 + random(n - 1)) % n;
+            let (a, b) = (pool[a], pool[b]);
+            Some(if loads[b].outstanding() < loads[a].outstanding() { b } else { a })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const RULE: Ejection = Ejection { after: 3, base: Duration::from_secs(5), max: Duration::from_secs(40) };
+
+    #[test]
+    fn an_instance_is_left_out_after_failures_running_for_longer_each_time() {
+        let load = Load::default();
+        let now = Instant::now();
+        assert_eq!(load.connected(false, &RULE, now), Connected::No(None));
+        assert_eq!(load.connected(false, &RULE, now), Connected::No(None));
+        assert_eq!(load.connected(false, &RULE, now), Connected::No(Some(Duration::from_secs(5))));
+        assert!(load.out(now) && !load.out(now + Duration::from_secs(5)));
+        // Still failing when it comes back: 10 s, 20 s, then the cap.
+        for want in [10, 20, 40, 40] {
+            for _ in 0..2 {
+                assert_eq!(load.connected(false, &RULE, now), Connected::No(None));
+            }
+            assert_eq!(load.connected(false, &RULE, now), Connected::No(Some(Duration::from_secs(want))));
+        }
+        // A success forgets it all.
+        assert_eq!(load.connected(true, &RULE, now), Connected::Yes);
+        assert!(!load.out(now));
+        assert_eq!(load.connected(false, &RULE, now), Connected::No(None));
+    }
+
+    #[test]
+    fn the_less_loaded_of_two_draws_wins_and_tried_or_left_out_instances_are_skipped() {
+        let loads: Vec<Arc<Load>> = (0..3).map(|_| Arc::new(Load::default())).collect();
+        let refs: Vec<&Load> = loads.iter().map(|l| &**l).collect();
+        let now = Instant::now();
+        let _busy: Vec<InFlight> = (0..5).map(|_| loads[0].begin()).collect();
+        assert_eq!(loads[0].outstanding(), 5);
+        // Draws 0 and 1: the idle one.
+        let mut draws = [0usize, 0].into_iter();
+        assert_eq!(pick(&refs, &[], now, &mut |_| draws.next().unwrap()), Some(1));
+        // Tried: never drawn again; all tried: none.
+        assert_eq!(pick(&refs, &[1, 2], now, &mut |_| 0), Some(0));
+        assert_eq!(pick(&refs, &[0, 1, 2], now, &mut |_| 0), None);
+        // Left out: skipped while another is healthy, drawn when none is.
+        for _ in 0..3 {
+            loads[1].connected(false, &RULE, now);
+            loads[2].connected(false, &RULE, now);
+        }
+        for draw in 0..3 {
+            assert_eq!(pick(&refs, &[], now, &mut |n| draw % n), Some(0));
+        }
+        for _ in 0..3 {
+            loads[0].connected(false, &RULE, now);
+        }
+        let mut seen = [false; 3];
+        for draw in 0..3 {
+            seen[pick(&refs, &[], now, &mut |n| draw % n).unwrap()] = true;
+        }
+        assert!(seen.iter().filter(|s| **s).count() >= 2, "never all left out: {seen:?}");
+        drop(_busy);
+        assert_eq!(loads[0].outstanding(), 0);
+    }
+}

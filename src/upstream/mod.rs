@@ -1,0 +1,465 @@
+//! Upstream: the pooled clients that talk to one named service, over one or several
+//! instances.
+//!
+//! Each instance has a pool of its own; a request goes to one of them, chosen by
+//! [`balance`] (least outstanding requests over two random choices, instances that keep
+//! failing to connect left out for a while). A request that was never sent — no connection
+//! could be made, or an HTTP/2 stream the instance refused or never processed (RFC 9113
+//! §8.7) — may go to another instance when its body is buffered ([`Upstream::send_buffered`]);
+//! one that was sent never does: its outcome is unknown, and the idempotent path's rules for
+//! that apply, whatever the instance. hyper-util's pool, below, retries on the same instance
+//! a request whose reused connection closed before the request was written to it; that one
+//! was never sent either.
+//!
+//! Upstreams are `http://` or `https://` (rustls; system roots, or the CA bundle named by
+//! `ca_file`). HTTP/2 is negotiated by ALPN over TLS; cleartext upstreams speak HTTP/1.1.
+//! The request sent upstream is the client's, minus hop-by-hop headers, with the
+//! `X-Forwarded-*` headers set and `Idempotency-Key` left untouched so that the upstream's
+//! own UNIQUE constraint can do its work.
+
+mod balance;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use http::uri::{Authority, PathAndQuery, Scheme};
+use http::{HeaderValue, Request, Response, Uri, Version, request};
+use hyper::body::Incoming;
+use hyper_rustls::MaybeHttpsStream;
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::TokioIo;
+use thiserror::Error;
+
+pub use self::balance::Ejection;
+use self::balance::{Connected, Load};
+use crate::body::{self, Body};
+use crate::config::UpstreamConfig;
+use crate::forwarded::{self, Peer};
+use crate::outbound::{self, Roots, TlsSetupError, error_chain};
+
+/// Why an exchange with the upstream failed.
+#[derive(Debug, Error)]
+pub enum UpstreamError {
+    /// No connection could be made (refused, DNS, TLS handshake).
+    #[error("upstream {upstream} unreachable: {detail}")]
+    Unreachable {
+        /// Upstream name.
+        upstream: String,
+        /// The underlying error.
+        detail: String,
+    },
+    /// The upstream did not answer within its timeout.
+    #[error("upstream {upstream} did not answer within {timeout:?}")]
+    Timeout {
+        /// Upstream name.
+        upstream: String,
+        /// The configured timeout.
+        timeout: Duration,
+    },
+    /// The connection broke or the upstream sent something that is not HTTP.
+    #[error("upstream {upstream} failed: {detail}")]
+    Failed {
+        /// Upstream name.
+        upstream: String,
+        /// The underlying error.
+        detail: String,
+    },
+}
+
+impl UpstreamError {
+    /// Whether the request certainly never reached the upstream. Only a connection that was
+    /// never made proves it: once bytes were written, a reset, a timeout or a broken answer
+    /// leaves the outcome unknown.
+    pub fn never_sent(&self) -> bool {
+        matches!(self, Self::Unreachable { .. })
+    }
+}
+
+/// Why an exchange with one instance failed, as the balancer needs it told.
+enum Failure {
+    /// No connection could be made: never sent.
+    Connect(hyper_util::client::legacy::Error),
+    /// The instance refused the stream, or it was above a GOAWAY's last id: never processed.
+    Refused(hyper_util::client::legacy::Error),
+    /// Anything after the request may have been written: the outcome is unknown.
+    Sent(hyper_util::client::legacy::Error),
+}
+
+impl Failure {
+    fn of(e: hyper_util::client::legacy::Error) -> Self {
+        if e.is_connect() {
+            return Self::Connect(e);
+        }
+        // RFC 9113 §8.7: REFUSED_STREAM, or a stream above the last id of a GOAWAY the
+        // instance sent, was not processed and may be sent again, elsewhere too.
+        let mut cause = std::error::Error::source(&e);
+        while let Some(c) = cause {
+            if let Some(h2) = c.downcast_ref::<h2::Error>() {
+                let refused = h2.reason() == Some(h2::Reason::REFUSED_STREAM) && h2.is_remote();
+                let above_goaway = h2.is_go_away() && h2.is_remote();
+                if refused || above_goaway {
+                    return Self::Refused(e);
+                }
+                break;
+            }
+            cause = c.source();
+        }
+        Self::Sent(e)
+    }
+}
+
+/// Why an upstream could not be set up at start.
+#[derive(Debug, Error)]
+pub enum UpstreamSetupError {
+    /// The CA bundle could not be read.
+    #[error("upstreams.{upstream}.ca_file: {detail}")]
+    CaFile {
+        /// Upstream name.
+        upstream: String,
+        /// What went wrong.
+        detail: String,
+    },
+    /// TLS could not be configured.
+    #[error("upstreams.{upstream}: TLS setup failed: {detail}")]
+    Tls {
+        /// Upstream name.
+        upstream: String,
+        /// What went wrong.
+        detail: String,
+    },
+}
+
+/// The authority every request to a cleartext upstream carries on its way into the pooled
+/// client: the pool's key, not an address.
+///
+/// Why: hyper-util's pool hashes the authority byte by byte three times per request (figures in
+/// docs/performance.md), and each `Upstream` has a client of its own, so one letter tells as
+/// much apart. Hazard: the key must never reach the wire: [`Dial`] connects to the real
+/// address, `Host` is set from the real authority, and HTTP/1 goes out in origin form.
+/// Upstreams over TLS keep their real authority (their certificate's name, HTTP/2's
+/// `:authority`).
+const POOL_KEY: Authority = Authority::from_static("u");
+
+/// One upstream service.
+pub struct Upstream {
+    name: String,
+    scheme: Scheme,
+    /// Path prefix of the base URL without its trailing slash ("" for none), the same for
+    /// every instance.
+    base_path: String,
+    timeout: Duration,
+    /// When an instance that fails to connect is left out.
+    ejection: Ejection,
+    /// At least one.
+    instances: Vec<Instance>,
+}
+
+/// One instance of an upstream: its address and its pool.
+struct Instance {
+    /// Its address, as configured.
+    authority: Authority,
+    /// What the request's URI carries: the real authority over TLS, [`POOL_KEY`] in cleartext.
+    key: Authority,
+    /// The `Host` header of a cleartext upstream (`host`, or `host:port` for a port other
+    /// than 80), as the pooled client would have derived it; `None` over TLS, where the
+    /// client sets it for HTTP/1 and HTTP/2 carries `:authority` instead.
+    host: Option<HeaderValue>,
+    client: Client<Dial, Body>,
+    /// Requests in flight and connect failures, for the balancer.
+    load: Arc<Load>,
+}
+
+impl std::fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let instances: Vec<&Authority> = self.instances.iter().map(|i| &i.authority).collect();
+        f.debug_struct("Upstream").field("name", &self.name).field("instances", &instances).finish()
+    }
+}
+
+impl Upstream {
+    /// Builds the clients for one configured upstream, a pool per instance.
+    pub fn new(config: &UpstreamConfig) -> Result<Self, UpstreamSetupError> {
+        let first = config.urls.first().ok_or_else(|| UpstreamSetupError::Tls {
+            upstream: config.name.clone(),
+            detail: "no URL (validation should have caught this)".into(),
+        })?;
+        let scheme = first.scheme().cloned().unwrap_or(Scheme::HTTP);
+        let base_path = first.path().trim_end_matches('/').to_owned();
+        let tls = tls_config(config)?;
+        let mut instances = Vec::with_capacity(config.urls.len());
+        for url in &config.urls {
+            let authority = url.authority().cloned().ok_or_else(|| UpstreamSetupError::Tls {
+                upstream: config.name.clone(),
+                detail: format!("{url} has no host"),
+            })?;
+            instances.push(Instance::new(&scheme, authority, tls.clone(), config.connect_timeout));
+        }
+        Ok(Self {
+            name: config.name.clone(),
+            scheme,
+            base_path,
+            timeout: config.timeout,
+            ejection: config.ejection,
+            instances,
+        })
+    }
+
+    /// The deadline of one exchange.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Turns the client's request head into the upstream's: target path, headers. The
+    /// instance, chosen when it is sent, adds its own address and `Host`.
+    pub fn prepare(&self, parts: &mut request::Parts, peer: &Peer) {
+        // Host names the upstream; the client's Host travels as X-Forwarded-Host.
+        let original_host: Option<HeaderValue> = parts
+            .headers
+            .remove(http::header::HOST)
+            .or_else(|| parts.uri.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()));
+        parts.uri = self.target(&parts.uri, &self.instances[0]);
+        // The connection to the upstream is ours: HTTP/1.1 framing, or h2 if ALPN agrees,
+        // whatever the client spoke to us.
+        parts.version = Version::HTTP_11;
+        // Hop-by-hop headers go in the same scan.
+        forwarded::apply(&mut parts.headers, peer, original_host.as_ref());
+    }
+
+    fn target(&self, original: &Uri, instance: &Instance) -> Uri {
+        let path_and_query = match original.path_and_query() {
+            // The common case: no prefix, and the client's path-and-query is reused as parsed.
+            Some(pq) if self.base_path.is_empty() => Some(pq.clone()),
+            pq => {
+                let joined = format!("{}{}", self.base_path, pq.map_or("/", PathAndQuery::as_str));
+                // A valid path-and-query: the prefix comes from a parsed URL, the rest from one.
+                joined.parse().ok().or_else(|| pq.cloned())
+            }
+        };
+        let mut parts = http::uri::Parts::default();
+        parts.scheme = Some(self.scheme.clone());
+        parts.authority = Some(instance.key.clone());
+        parts.path_and_query = path_and_query;
+        Uri::from_parts(parts).unwrap_or_else(|_| original.clone())
+    }
+
+    /// Sends a prepared request to one instance and waits for the response head. A streamed
+    /// body cannot be sent twice, so a request that could not be sent fails here. It sets
+    /// no deadline of its own: the caller bounds the exchange by [`Upstream::timeout`], once.
+    pub async fn send(&self, request: Request<Body>) -> Result<Response<Incoming>, UpstreamError> {
+        let (index, instance) = self.pick(&[]);
+        match instance.send(request).await {
+            Ok(response) => {
+                self.connected(index, true);
+                Ok(response)
+            }
+            Err(failure) => Err(self.failed(index, failure)),
+        }
+    }
+
+    /// Sends a prepared request whose body is whole: a request no instance was sent (no
+    /// connection, a refused stream) goes to another, once to each at most, within the
+    /// caller's deadline; one that was sent is never sent again.
+    pub async fn send_buffered(&self, request: Request<Bytes>) -> Result<Response<Incoming>, UpstreamError> {
+        // One instance: nowhere else to go, and no copy of the head to keep.
+        if self.instances.len() == 1 {
+            return self.send(request.map(body::full)).await;
+        }
+        let (parts, body) = request.into_parts();
+        let mut tried: Vec<usize> = Vec::new();
+        loop {
+            let (index, instance) = self.pick(&tried);
+            tried.push(index);
+            let mut again = Request::new(body::full(body.clone()));
+            *again.method_mut() = parts.method.clone();
+            *again.uri_mut() = parts.uri.clone();
+            *again.version_mut() = parts.version;
+            *again.headers_mut() = parts.headers.clone();
+            match instance.send(again).await {
+                Ok(response) => {
+                    self.connected(index, true);
+                    return Ok(response);
+                }
+                Err(failure @ (Failure::Connect(_) | Failure::Refused(_))) if tried.len() < self.instances.len() => {
+                    let error = self.failed(index, failure);
+                    tracing::debug!(upstream = %self.name, instance = %self.instances[index].authority, error = %error, "never sent; trying another instance");
+                }
+                Err(failure) => return Err(self.failed(index, failure)),
+            }
+        }
+    }
+
+    /// An instance for the next request, leaving out `tried`.
+    fn pick(&self, tried: &[usize]) -> (usize, &Instance) {
+        let index = if self.instances.len() == 1 {
+            0
+        } else {
+            let loads: Vec<&Load> = self.instances.iter().map(|i| &*i.load).collect();
+            balance::pick(&loads, tried, tokio::time::Instant::now(), &mut |n| rand::random_range(0..n)).unwrap_or(0)
+        };
+        (index, &self.instances[index])
+    }
+
+    fn connected(&self, index: usize, ok: bool) -> Connected {
+        let instance = &self.instances[index];
+        let connected = instance.load.connected(ok, &self.ejection, tokio::time::Instant::now());
+        if let Connected::No(Some(out_for)) = connected {
+            tracing::warn!(
+                upstream = %self.name,
+                instance = %instance.authority,
+                out_for = ?out_for,
+                "an instance failed to connect {} times running; left out for {out_for:?}",
+                self.ejection.after
+            );
+        }
+        connected
+    }
+
+    /// The error of a failed exchange, noted against its instance's health.
+    fn failed(&self, index: usize, failure: Failure) -> UpstreamError {
+        let upstream = self.name.clone();
+        match failure {
+            Failure::Connect(e) => {
+                self.connected(index, false);
+                UpstreamError::Unreachable { upstream, detail: error_chain(&e) }
+            }
+            // The instance answered at the protocol level: it is up.
+            Failure::Refused(e) => UpstreamError::Unreachable { upstream, detail: error_chain(&e) },
+            Failure::Sent(e) => UpstreamError::Failed { upstream, detail: error_chain(&e) },
+        }
+    }
+
+    /// The error for an exchange that ran past the timeout.
+    pub fn timed_out(&self) -> UpstreamError {
+        UpstreamError::Timeout { upstream: self.name.clone(), timeout: self.timeout }
+    }
+
+    /// The error for a response whose body broke off.
+    pub fn body_failed(&self, e: &hyper::Error) -> UpstreamError {
+        UpstreamError::Failed { upstream: self.name.clone(), detail: error_chain(e) }
+    }
+}
+
+impl Instance {
+    fn new(scheme: &Scheme, authority: Authority, tls: rustls::ClientConfig, connect_timeout: Duration) -> Self {
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(connect_timeout));
+        let connector = HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .enable_http2()
+            .wrap_connector(http);
+        let (dial, key, host) = if *scheme == Scheme::HTTPS {
+            (Dial { connector, address: None }, authority.clone(), None)
+        } else {
+            let address =
+                Uri::builder().scheme(scheme.clone()).authority(authority.clone()).path_and_query("/").build();
+            let host = HeaderValue::from_str(&host_header(&authority));
+            match (address, host) {
+                (Ok(address), Ok(host)) => (Dial { connector, address: Some(address) }, POOL_KEY, Some(host)),
+                // Both come from a parsed URL's authority, so neither fails; if one did, the
+                // real authority in the URI still works, only without the cheaper key.
+                _ => (Dial { connector, address: None }, authority.clone(), None),
+            }
+        };
+        let client = Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(60)).build(dial);
+        Self { authority, key, host, client, load: Arc::new(Load::default()) }
+    }
+
+    /// Sends `request` (prepared for the upstream) to this instance: its address, its Host.
+    async fn send(&self, mut request: Request<Body>) -> Result<Response<Incoming>, Failure> {
+        if request.uri().authority() != Some(&self.key) {
+            let mut parts = request.uri().clone().into_parts();
+            parts.authority = Some(self.key.clone());
+            if let Ok(uri) = Uri::from_parts(parts) {
+                *request.uri_mut() = uri;
+            }
+        }
+        if let Some(host) = &self.host {
+            request.headers_mut().insert(http::header::HOST, host.clone());
+        }
+        let _in_flight = self.load.begin();
+        self.client.request(request).await.map_err(Failure::of)
+    }
+}
+
+/// The `Host` of a request to `authority`, as hyper-util's client writes it: the port only
+/// when it is not the cleartext default.
+fn host_header(authority: &Authority) -> String {
+    match authority.port_u16() {
+        Some(port) if port != 80 => format!("{}:{port}", authority.host()),
+        _ => authority.host().to_owned(),
+    }
+}
+
+/// The pooled client's connector: connects to the upstream's real address, whatever
+/// authority the request's URI carries (see [`POOL_KEY`]).
+#[derive(Clone)]
+struct Dial {
+    connector: HttpsConnector<HttpConnector>,
+    /// The cleartext upstream's address; `None`: the URI's own (TLS upstreams).
+    address: Option<Uri>,
+}
+
+type DialFuture =
+    Pin<Box<dyn Future<Output = Result<MaybeHttpsStream<TokioIo<tokio::net::TcpStream>>, BoxError>> + Send>>;
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl tower_service::Service<Uri> for Dial {
+    type Response = MaybeHttpsStream<TokioIo<tokio::net::TcpStream>>;
+    type Error = BoxError;
+    type Future = DialFuture;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.connector.poll_ready(cx)
+    }
+
+    fn call(&mut self, dst: Uri) -> Self::Future {
+        let dst = self.address.clone().unwrap_or(dst);
+        self.connector.call(dst)
+    }
+}
+
+/// The TLS configuration of `config`'s pool: its `ca_file`, else the system's roots for an
+/// https upstream, else none.
+fn tls_config(config: &UpstreamConfig) -> Result<rustls::ClientConfig, UpstreamSetupError> {
+    let roots = match &config.ca_file {
+        Some(path) => Roots::PemFile(path),
+        None if config.urls.first().and_then(Uri::scheme) == Some(&Scheme::HTTPS) => Roots::System,
+        None => Roots::None,
+    };
+    outbound::tls_config(roots).map_err(|e| {
+        let upstream = config.name.clone();
+        match e {
+            TlsSetupError::CaFile(detail) => UpstreamSetupError::CaFile { upstream, detail },
+            TlsSetupError::NoSystemRoots => {
+                UpstreamSetupError::Tls { upstream, detail: "no system CA certificates found; set ca_file".into() }
+            }
+            TlsSetupError::Protocol(detail) => UpstreamSetupError::Tls { upstream, detail },
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_host_header_is_the_authority_without_the_default_port() {
+        let host = |a: &'static str| host_header(&Authority::from_static(a));
+        assert_eq!(host("127.0.0.1:8080"), "127.0.0.1:8080");
+        assert_eq!(host("orders.internal:80"), "orders.internal");
+        assert_eq!(host("orders.internal"), "orders.internal");
+        assert_eq!(host("[::1]:9000"), "[::1]:9000");
+    }
+}

@@ -1,0 +1,244 @@
+//! Several instances behind one upstream (`urls`): the load spread by least outstanding
+//! requests over two random choices, an instance that stops left out, a request that was
+//! never sent tried on another instance, and one that was sent never sent again. Every test
+//! counts executions per instance, not only what the client saw.
+
+use crate::support;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use support::client::Client;
+use support::gateway::TestGateway;
+use support::upstream::{Behavior, TestUpstream};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+
+const ORDER: &str = r#"{"sku":"BOOK-42"}"#;
+
+fn config(urls: &[String]) -> String {
+    let store = support::gateway::StoreKind::Memory.toml(&support::unique("inst"));
+    let urls: Vec<String> = urls.iter().map(|u| format!("{u:?}")).collect();
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+
+[store]
+{store}
+
+[upstreams.app]
+urls = [{}]
+timeout = "5s"
+connect_timeout = "1s"
+eject_after = 2
+eject_for = "30s"
+
+[[routes]]
+name = "orders"
+methods = ["POST"]
+path = "/orders"
+upstream = "app"
+[routes.idempotency]
+
+[[routes]]
+name = "rest"
+path = "/{{*rest}}"
+upstream = "app"
+"#,
+        urls.join(", ")
+    )
+}
+
+/// A port nothing listens on (bound, then let go).
+async fn closed_port() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    format!("http://{addr}")
+}
+
+/// How many times each key reached any of `upstreams`.
+fn executions(upstreams: &[&TestUpstream]) -> HashMap<String, usize> {
+    let mut all = HashMap::new();
+    for upstream in upstreams {
+        for (key, n) in upstream.executions_by_key() {
+            *all.entry(key).or_insert(0) += n;
+        }
+    }
+    all
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_load_is_spread_within_ten_percent_over_three_instances() {
+    let slow = Behavior { delay: Duration::from_millis(5), ..Behavior::default() };
+    let (a, b, c) = (
+        TestUpstream::with(slow.clone()).await,
+        TestUpstream::with(slow.clone()).await,
+        TestUpstream::with(slow).await,
+    );
+    let urls: Vec<String> = [&a, &b, &c].iter().map(|u| format!("http://{}", u.addr)).collect();
+    let gw = TestGateway::start(&config(&urls)).await;
+    let mut clients = JoinSet::new();
+    for worker in 0..30 {
+        let client = gw.client();
+        clients.spawn(async move {
+            for i in 0..20 {
+                let r = client.post_json("/orders", Some(&format!("spread-{worker}-{i}")), ORDER).await;
+                assert_eq!(r.status, 201, "{r:?}");
+            }
+        });
+    }
+    while let Some(done) = clients.join_next().await {
+        done.unwrap();
+    }
+    let counts = [a.executions(), b.executions(), c.executions()];
+    assert_eq!(counts.iter().sum::<usize>(), 600);
+    for n in counts {
+        assert!((180..=220).contains(&n), "not within 10% of 200 each: {counts:?}");
+    }
+    assert!(executions(&[&a, &b, &c]).values().all(|&n| n == 1));
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_no_instance_was_sent_goes_to_another() {
+    let live = TestUpstream::start().await;
+    let urls = [format!("http://{}", live.addr), closed_port().await, closed_port().await];
+    let gw = TestGateway::start(&config(&urls)).await;
+    let client = gw.client();
+    for i in 0..30 {
+        let r = client.post_json("/orders", Some(&format!("elsewhere-{i}")), ORDER).await;
+        assert_eq!(r.status, 201, "request {i}: {r:?}");
+        assert_eq!(r.header("idempotency-status"), None);
+    }
+    // Every key ran once, on the one instance that connects, as its first attempt.
+    assert_eq!(live.executions(), 30);
+    assert!(executions(&[&live]).values().all(|&n| n == 1));
+    assert!(live.seen().iter().all(|s| s.headers["idempotency-attempt"] == "1"));
+    gw.shutdown().await;
+}
+
+/// An instance that reads each request whole, counts it, and closes the connection without
+/// an answer: the request was sent, and its outcome is unknown.
+async fn swallowing_instance() -> (SocketAddr, Arc<Mutex<usize>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = Arc::new(Mutex::new(0));
+    let count = Arc::clone(&seen);
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else { continue };
+            let count = Arc::clone(&count);
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                // The head and the 17-byte body.
+                while !String::from_utf8_lossy(&buf).contains(ORDER) {
+                    match stream.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                *count.lock().unwrap() += 1;
+                let _ = stream.shutdown().await;
+            });
+        }
+    });
+    (addr, seen)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_was_sent_is_never_sent_to_another_instance() {
+    let (swallower, swallowed) = swallowing_instance().await;
+    let live = TestUpstream::start().await;
+    let urls = [format!("http://{swallower}"), format!("http://{}", live.addr)];
+    let gw = TestGateway::start(&config(&urls)).await;
+    let client = gw.client();
+    let mut unknown = Vec::new();
+    for i in 0..24 {
+        let key = format!("sent-{i}");
+        let r = client.post_json("/orders", Some(&key), ORDER).await;
+        match r.status.as_u16() {
+            201 => {}
+            502 => {
+                assert_eq!(r.problem(), "outcome-unknown", "{r:?}");
+                unknown.push(key);
+            }
+            other => panic!("{other}: {r:?}"),
+        }
+    }
+    // Both instances were chosen; every request the first swallowed stayed unknown and never
+    // reached the second.
+    assert!(!unknown.is_empty(), "the swallowing instance was never chosen");
+    assert_eq!(*swallowed.lock().unwrap(), unknown.len());
+    let ran = live.executions_by_key();
+    for key in &unknown {
+        assert!(!ran.contains_key(&format!("\"{key}\"")) && !ran.contains_key(key), "{key} ran elsewhere: {ran:?}");
+    }
+    assert_eq!(live.executions() + unknown.len(), 24);
+    gw.shutdown().await;
+}
+
+/// An instance that can be stopped: its listener and every connection it serves end at once.
+struct Stoppable {
+    addr: SocketAddr,
+    upstream: TestUpstream,
+    proxy: tokio::task::JoinHandle<()>,
+}
+
+impl Stoppable {
+    /// A TCP relay in front of a [`TestUpstream`], so that stopping it ends its connections.
+    async fn start() -> Self {
+        let upstream = TestUpstream::start().await;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let target = upstream.addr;
+        let proxy = tokio::spawn(async move {
+            let mut relays = JoinSet::new();
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else { continue };
+                relays.spawn(async move {
+                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+            }
+        });
+        Self { addr, upstream, proxy }
+    }
+
+    fn stop(&self) {
+        self.proxy.abort();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_that_stops_is_left_out_and_no_request_runs_twice() {
+    let (a, b, c) = (Stoppable::start().await, Stoppable::start().await, Stoppable::start().await);
+    let urls: Vec<String> = [&a, &b, &c].iter().map(|u| format!("http://{}", u.addr)).collect();
+    let gw = TestGateway::start(&config(&urls)).await;
+    let client = gw.client();
+    let send = |client: Client, from: usize, to: usize| async move {
+        for i in from..to {
+            let r = client.post_json("/orders", Some(&format!("stop-{i}")), ORDER).await;
+            assert_eq!(r.status, 201, "request {i}: {r:?}");
+        }
+    };
+    send(client.clone(), 0, 30).await;
+    let before = c.upstream.executions();
+    assert!(before > 0, "c was never chosen");
+    c.stop();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Pooled connections to c are gone, and new ones are refused: each request that picks
+    // it was never sent, and goes to another.
+    send(client.clone(), 30, 90).await;
+    assert_eq!(c.upstream.executions(), before, "c ran a request after it stopped");
+    let all = executions(&[&a.upstream, &b.upstream, &c.upstream]);
+    assert_eq!(all.len(), 90);
+    assert!(all.values().all(|&n| n == 1), "a key ran twice: {all:?}");
+    gw.shutdown().await;
+}
