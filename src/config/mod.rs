@@ -33,7 +33,6 @@ use crate::forwarded::TrustedProxies;
 pub use crate::host::HostPattern;
 use crate::policy::IdempotencyPolicy;
 use crate::policy::errors::ErrorShape;
-pub use crate::upstream::Ejection;
 
 /// The validated configuration of one gateway process.
 #[derive(Debug, Clone)]
@@ -215,6 +214,18 @@ pub struct UpstreamConfig {
     pub connect_timeout: Duration,
     /// CA bundle replacing the system roots for https.
     pub ca_file: Option<PathBuf>,
+}
+
+/// When an instance of an upstream that fails to connect is left out of the balance, and for
+/// how long (`eject_after`, `eject_for`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ejection {
+    /// Connect failures running that leave an instance out.
+    pub after: u32,
+    /// The first time it is left out.
+    pub base: Duration,
+    /// The longest.
+    pub max: Duration,
 }
 
 /// When an instance is left out, as an `[upstreams.NAME]` without `eject_*` says.

@@ -20,16 +20,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-/// When an instance is left out, and for how long.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Ejection {
-    /// Connect failures running that leave an instance out.
-    pub after: u32,
-    /// The first time it is left out.
-    pub base: Duration,
-    /// The longest.
-    pub max: Duration,
-}
+use crate::config::Ejection;
 
 /// One instance's state as the balancer sees it.
 #[derive(Debug, Default)]

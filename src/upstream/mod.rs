@@ -38,10 +38,9 @@ use hyper_util::rt::TokioExecutor;
 use hyper_util::rt::TokioIo;
 use thiserror::Error;
 
-pub use self::balance::Ejection;
 use self::balance::{Connected, Load};
 use crate::body::{self, Body};
-use crate::config::UpstreamConfig;
+use crate::config::{Ejection, UpstreamConfig};
 use crate::forwarded::{self, Peer};
 use crate::outbound::{self, Roots, TlsSetupError, error_chain};
 
