@@ -117,7 +117,7 @@ impl Gateway {
         });
         let mut upstreams = HashMap::new();
         for u in &config.upstreams {
-            upstreams.insert(u.name.clone(), Arc::new(Upstream::new(u)?));
+            upstreams.insert(u.name.clone(), Arc::new(Upstream::new(u, Some(&runtime.metrics.instances))?));
         }
         let mut routes = Vec::with_capacity(config.routes.len());
         for r in &config.routes {
@@ -153,6 +153,14 @@ impl Gateway {
             methods: r.methods.as_deref(),
             value: route.clone(),
         }))?;
+        // Built: the series of instances this configuration no longer names go (a reload, DNS).
+        let live = config
+            .upstreams
+            .iter()
+            .filter(|u| u.urls.len() > 1)
+            .flat_map(|u| u.urls.iter().filter_map(|url| Some((u.name.clone(), url.authority()?.to_string()))))
+            .collect();
+        runtime.metrics.instances.retain(&live);
         Ok(Self {
             router,
             routes,

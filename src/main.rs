@@ -164,7 +164,7 @@ fn check(path: &std::path::Path) -> ExitCode {
     // upstream is tried, so that one bad bundle does not hide the next.
     let mut failed = false;
     for upstream in &config.upstreams {
-        if let Err(e) = Upstream::new(upstream) {
+        if let Err(e) = Upstream::new(upstream, None) {
             eprintln!("{}: upstreams.{}: {e}", path.display(), upstream.name);
             failed = true;
         }

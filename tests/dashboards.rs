@@ -206,6 +206,12 @@ async fn scrape_gateway() -> String {
     let routes = "\n[[routes]]\nname = \"watched\"\nmethods = [\"POST\"]\npath = \"/watched\"\nupstream = \"app\"\n\n\
                   [routes.idempotency]\nmode = \"observe\"\n"
         .to_owned();
+    // And an upstream of two instances, for the `idemgate_upstream_instance_*` series.
+    let routes = format!(
+        "{routes}\n[[routes]]\nname = \"spread\"\npath = \"/spread\"\nupstream = \"many\"\n\n\
+         [upstreams.many]\nurls = [\"http://{0}\", \"http://127.0.0.1:9\"]\n",
+        upstream.addr
+    );
     let gw = GatewayProc::start(&Toml { store: &store, policy, routes, ..Toml::new(upstream.addr) }.render());
     let client = gw.client();
     assert_eq!(client.post_json("/orders", Some("d-1"), ORDER).await.status, 201);
@@ -256,6 +262,11 @@ async fn dashboards_and_alerts_name_only_exported_metrics() {
     assert!(on_board.contains("idemgate_observed_total"), "the board does not show idemgate_observed_total");
     let in_rules: BTreeSet<String> = rule_exprs(&rules).iter().flat_map(|(_, e)| metric_names(e)).collect();
     assert!(in_rules.contains("idemgate_observed_total"), "no rule reads idemgate_observed_total");
+    // The upstream instances have their row.
+    assert!(titles.contains(&"Upstream instances"), "{titles:?}");
+    for name in ["idemgate_upstream_instance_requests_total", "idemgate_upstream_instance_failures_total"] {
+        assert!(on_board.contains(name), "the board does not show {name}");
+    }
 }
 
 #[test]

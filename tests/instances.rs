@@ -26,6 +26,7 @@ fn config(urls: &[String]) -> String {
         r#"
 [server]
 listen = "127.0.0.1:0"
+admin_listen = "127.0.0.1:0"
 
 [store]
 {store}
@@ -119,6 +120,25 @@ async fn a_request_no_instance_was_sent_goes_to_another() {
     assert_eq!(live.executions(), 30);
     assert!(executions(&[&live]).values().all(|&n| n == 1));
     assert!(live.seen().iter().all(|s| s.headers["idempotency-attempt"] == "1"));
+    // Each instance in /metrics: the live one took every request; each dead one failed to
+    // connect until it was left out (eject_after = 2), once, and was tried no more.
+    let metrics = String::from_utf8_lossy(&gw.admin_client().get("/metrics", &[]).await.body).into_owned();
+    let series = |name: &str, instance: &str, extra: &str| -> u64 {
+        let prefix = format!("idemgate_upstream_instance_{name}{{upstream=\"app\",instance=\"{instance}\"{extra}}} ");
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&prefix)?.parse().ok())
+            .unwrap_or_else(|| panic!("no {prefix} in {metrics}"))
+    };
+    let authority = |url: &str| url.trim_start_matches("http://").to_owned();
+    assert_eq!(series("requests_total", &authority(&urls[0]), ""), 30);
+    for dead in &urls[1..] {
+        let dead = authority(dead);
+        assert_eq!(series("failures_total", &dead, ",kind=\"connect\""), 2, "{metrics}");
+        assert_eq!(series("ejections_total", &dead, ""), 1);
+        assert_eq!(series("requests_total", &dead, ""), 2);
+    }
+    assert_eq!(series("in_flight", &authority(&urls[0]), ""), 0);
     gw.shutdown().await;
 }
 

@@ -4,6 +4,7 @@
 //! path is an atomic increment, not a label lookup with allocations.
 
 mod exposition;
+mod instance;
 mod labels;
 mod route;
 
@@ -19,6 +20,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+pub use self::instance::{InstanceMetrics, Instances};
 pub use self::labels::{Outcome, Reconciliation, ReleaseReason, UPSTREAM_CLASSES, Would, status_class};
 use self::route::PerLabel;
 pub use self::route::{Produces, RouteMetrics};
@@ -154,6 +156,8 @@ pub struct Metrics {
     pub waiting_duplicates: Gauge,
     /// 1 while the store's settings let it evict records (see `store::Settings`).
     pub store_evicts_records: Gauge,
+    /// The instances of upstreams with several.
+    pub instances: Instances,
 }
 
 impl Default for Metrics {
@@ -237,7 +241,10 @@ impl Default for Metrics {
             "1 while Redis's maxmemory-policy lets it evict records (an answer lost, its retry run again); 0 otherwise or when it cannot be read",
             store_evicts_records.clone(),
         );
+        let instances = Instances::default();
+        instances.register(&mut registry);
         Self {
+            instances,
             store_evicts_records,
             request_seconds,
             upstream_seconds,

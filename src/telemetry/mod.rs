@@ -94,7 +94,7 @@ impl Telemetry {
             ca_file: config.ca_file.clone(),
         };
         let client = Exporting {
-            upstream: Arc::new(Upstream::new(&collector).map_err(|e| TelemetryError(e.to_string()))?),
+            upstream: Arc::new(Upstream::new(&collector, None).map_err(|e| TelemetryError(e.to_string()))?),
             runtime: tokio::runtime::Handle::try_current().map_err(|e| TelemetryError(e.to_string()))?,
         };
         let mut headers = HashMap::new();

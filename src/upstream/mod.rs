@@ -42,6 +42,7 @@ use self::balance::{Connected, Load};
 use crate::body::{self, Body};
 use crate::config::{Ejection, UpstreamConfig};
 use crate::forwarded::{self, Peer};
+use crate::metrics::{InstanceMetrics, Instances};
 use crate::outbound::{self, Roots, TlsSetupError, error_chain};
 
 /// Why an exchange with the upstream failed.
@@ -174,6 +175,8 @@ struct Instance {
     client: Client<Dial, Body>,
     /// Requests in flight and connect failures, for the balancer.
     load: Arc<Load>,
+    /// Its series, on an upstream with several instances.
+    metrics: Option<InstanceMetrics>,
 }
 
 impl std::fmt::Debug for Upstream {
@@ -184,8 +187,9 @@ impl std::fmt::Debug for Upstream {
 }
 
 impl Upstream {
-    /// Builds the clients for one configured upstream, a pool per instance.
-    pub fn new(config: &UpstreamConfig) -> Result<Self, UpstreamSetupError> {
+    /// Builds the clients for one configured upstream, a pool per instance; with several
+    /// instances, each counted in `metrics` (when given).
+    pub fn new(config: &UpstreamConfig, metrics: Option<&Instances>) -> Result<Self, UpstreamSetupError> {
         let first = config.urls.first().ok_or_else(|| UpstreamSetupError::Tls {
             upstream: config.name.clone(),
             detail: "no URL (validation should have caught this)".into(),
@@ -199,7 +203,10 @@ impl Upstream {
                 upstream: config.name.clone(),
                 detail: format!("{url} has no host"),
             })?;
-            instances.push(Instance::new(&scheme, authority, tls.clone(), config.connect_timeout));
+            let counted = metrics
+                .filter(|_| config.urls.len() > 1)
+                .map(|families| families.instance(&config.name, authority.as_str()));
+            instances.push(Instance::new(&scheme, authority, tls.clone(), config.connect_timeout, counted));
         }
         Ok(Self {
             name: config.name.clone(),
@@ -309,6 +316,9 @@ impl Upstream {
     fn connected(&self, index: usize, ok: bool) -> Connected {
         let instance = &self.instances[index];
         let connected = instance.load.connected(ok, &self.ejection, tokio::time::Instant::now());
+        if let (Connected::No(Some(_)), Some(metrics)) = (connected, &instance.metrics) {
+            metrics.ejections.inc();
+        }
         if let Connected::No(Some(out_for)) = connected {
             tracing::warn!(
                 upstream = %self.name,
@@ -323,6 +333,13 @@ impl Upstream {
 
     /// The error of a failed exchange, noted against its instance's health.
     fn failed(&self, index: usize, failure: Failure) -> UpstreamError {
+        if let Some(metrics) = &self.instances[index].metrics {
+            match failure {
+                Failure::Connect(_) => metrics.connect_failed.inc(),
+                Failure::Refused(_) => metrics.refused.inc(),
+                Failure::Sent(_) => metrics.broken.inc(),
+            };
+        }
         let upstream = self.name.clone();
         match failure {
             Failure::Connect(e) => {
@@ -347,7 +364,13 @@ impl Upstream {
 }
 
 impl Instance {
-    fn new(scheme: &Scheme, authority: Authority, tls: rustls::ClientConfig, connect_timeout: Duration) -> Self {
+    fn new(
+        scheme: &Scheme,
+        authority: Authority,
+        tls: rustls::ClientConfig,
+        connect_timeout: Duration,
+        metrics: Option<InstanceMetrics>,
+    ) -> Self {
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         http.set_nodelay(true);
@@ -372,7 +395,7 @@ impl Instance {
             }
         };
         let client = Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(60)).build(dial);
-        Self { authority, key, host, client, load: Arc::new(Load::default()) }
+        Self { authority, key, host, client, load: Arc::new(Load::default()), metrics }
     }
 
     /// Sends `request` (prepared for the upstream) to this instance: its address, its Host.
@@ -388,7 +411,21 @@ impl Instance {
             request.headers_mut().insert(http::header::HOST, host.clone());
         }
         let _in_flight = self.load.begin();
+        let _counted = self.metrics.as_ref().map(|m| {
+            m.requests.inc();
+            m.in_flight.inc();
+            Counted(&m.in_flight)
+        });
         self.client.request(request).await.map_err(Failure::of)
+    }
+}
+
+/// A request counted in an instance's `in_flight` until its answer's head (or its error).
+struct Counted<'a>(&'a prometheus_client::metrics::gauge::Gauge);
+
+impl Drop for Counted<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }
 
