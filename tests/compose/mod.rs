@@ -231,12 +231,12 @@ fn assert_caught(problems: Vec<String>, needle: &str) {
 #[test]
 fn broken_depends_on_condition_is_caught() {
     let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(COMPOSE_FILE)).unwrap();
-    // gateway-b's orders dependency: the last `condition: service_healthy` in the file.
+    // gateway-b's orders-2 dependency: the last `condition: service_healthy` in the file.
     let at = text.rfind("condition: service_healthy").expect("a service_healthy condition");
     let broken =
         format!("{}condition: service_started{}", &text[..at], &text[at + "condition: service_healthy".len()..]);
     let problems = check_depends_on(&Stack::load_with(&[(COMPOSE_FILE, broken)]));
-    assert_caught(problems, "service `gateway-b`: depends_on `orders` uses condition service_started");
+    assert_caught(problems, "service `gateway-b`: depends_on `orders-2` uses condition service_started");
 }
 
 #[test]
