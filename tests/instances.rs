@@ -262,3 +262,94 @@ async fn an_instance_that_stops_is_left_out_and_no_request_runs_twice() {
     assert!(all.values().all(|&n| n == 1), "a key ran twice: {all:?}");
     gw.shutdown().await;
 }
+
+/// An https instance speaking HTTP/2 (by ALPN) with the test PKI's server certificate. With
+/// `refuse`, it resets every stream with REFUSED_STREAM before reading it (RFC 9113 §8.7: not
+/// processed); otherwise it answers 201. Counts the streams it saw and the keys it ran.
+async fn h2_instance(
+    pki: &support::pki::Pki,
+    refuse: bool,
+) -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>, Arc<Mutex<Vec<String>>>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio_rustls::rustls;
+    use tokio_rustls::rustls::pki_types::pem::PemObject;
+    use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+    let certs: Vec<CertificateDer<'static>> =
+        CertificateDer::pem_file_iter(pki.path("server.pem")).unwrap().map(Result::unwrap).collect();
+    let key = PrivateKeyDer::from_pem_file(pki.path("server.key")).unwrap();
+    let mut server = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .unwrap();
+    server.alpn_protocols = vec![b"h2".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let streams = Arc::new(AtomicUsize::new(0));
+    let ran = Arc::new(Mutex::new(Vec::new()));
+    let (s, r) = (Arc::clone(&streams), Arc::clone(&ran));
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else { continue };
+            let (acceptor, s, r) = (acceptor.clone(), Arc::clone(&s), Arc::clone(&r));
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else { return };
+                let Ok(mut connection) = h2::server::handshake(tls).await else { return };
+                while let Some(Ok((request, mut respond))) = connection.accept().await {
+                    s.fetch_add(1, Ordering::SeqCst);
+                    if refuse {
+                        respond.send_reset(h2::Reason::REFUSED_STREAM);
+                        continue;
+                    }
+                    let key = request.headers().get("idempotency-key").map(|v| v.to_str().unwrap().to_owned());
+                    r.lock().unwrap().push(key.unwrap_or_default());
+                    // A task per stream: the connection makes progress only while `accept`
+                    // is polled.
+                    tokio::spawn(async move {
+                        let mut body = request.into_body();
+                        while let Some(chunk) = body.data().await {
+                            let _ = body.flow_control().release_capacity(chunk.map(|c| c.len()).unwrap_or(0));
+                        }
+                        let response = http::Response::builder().status(201).body(()).unwrap();
+                        if let Ok(mut send) = respond.send_response(response, false) {
+                            let _ = send.send_data(bytes::Bytes::from_static(b"{\"ok\":true}"), true);
+                        }
+                    });
+                }
+            });
+        }
+    });
+    (addr, streams, ran)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_an_instance_refused_goes_to_another() {
+    let pki = support::pki::Pki::new();
+    let (refuser, refused, refuser_ran) = h2_instance(&pki, true).await;
+    let (good, _, good_ran) = h2_instance(&pki, false).await;
+    let toml = config(&[format!("https://{refuser}"), format!("https://{good}")])
+        .replace("connect_timeout = \"1s\"", &format!("connect_timeout = \"1s\"\nca_file = {:?}", pki.path("ca.pem")));
+    let gw = TestGateway::start(&toml).await;
+    let client = gw.client();
+    for i in 0..20 {
+        let r = client.post_json("/orders", Some(&format!("refused-{i}")), ORDER).await;
+        assert_eq!(r.status, 201, "request {i}: {r:?}");
+    }
+    // The refusing instance saw streams and ran none; every key ran once, on the other.
+    let refused = refused.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(refused > 0, "the refusing instance was never chosen");
+    assert!(refuser_ran.lock().unwrap().is_empty());
+    let mut ran = good_ran.lock().unwrap().clone();
+    ran.sort();
+    ran.dedup();
+    assert_eq!((ran.len(), good_ran.lock().unwrap().len()), (20, 20));
+    let metrics = String::from_utf8_lossy(&gw.admin_client().get("/metrics", &[]).await.body).into_owned();
+    let line = format!(
+        "idemgate_upstream_instance_failures_total{{upstream=\"app\",instance=\"{refuser}\",kind=\"refused\"}} {refused}"
+    );
+    assert!(metrics.contains(&line), "no {line:?} in {metrics}");
+    gw.shutdown().await;
+}

@@ -14,7 +14,7 @@
 //! failed connect; an HTTP/2 stream refused): the caller says which instances it tried, and
 //! the draw excludes them.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -26,6 +26,9 @@ use crate::config::Ejection;
 #[derive(Debug, Default)]
 pub struct Load {
     outstanding: AtomicUsize,
+    /// Whether it has been left out since its last success: the draw reads this, and takes
+    /// the lock only for an instance that was.
+    ejected: AtomicBool,
     health: Mutex<Health>,
 }
 
@@ -65,14 +68,17 @@ impl Load {
 
     /// Whether it is left out now.
     pub fn out(&self, now: Instant) -> bool {
-        self.health().out_until.is_some_and(|until| until > now)
+        self.ejected.load(Ordering::Relaxed) && self.health().out_until.is_some_and(|until| until > now)
     }
 
     /// Notes a connect's result; ejects it after `rule.after` failures running.
     pub fn connected(&self, ok: bool, rule: &Ejection, now: Instant) -> Connected {
         let mut h = self.health();
         if ok {
-            *h = Health::default();
+            if h.failures != 0 || h.ejections != 0 {
+                *h = Health::default();
+                self.ejected.store(false, Ordering::Relaxed);
+            }
             return Connected::Yes;
         }
         h.failures += 1;
@@ -84,6 +90,7 @@ impl Load {
         let out_for = rule.base.saturating_mul(factor).min(rule.max);
         h.ejections = h.ejections.saturating_add(1);
         h.out_until = Some(now + out_for);
+        self.ejected.store(true, Ordering::Relaxed);
         Connected::No(Some(out_for))
     }
 }
@@ -98,22 +105,29 @@ impl Drop for InFlight {
     }
 }
 
-/// Picks among `loads` (indexed like the instances), leaving out `tried`: two random
+/// Picks among `count` instances (`load(i)` of each), leaving out `tried`: two random
 /// candidates among those not left out (all of them if every one is), the one with fewer
-/// requests in flight. `None` when every instance was tried.
-pub fn pick(loads: &[&Load], tried: &[usize], now: Instant, random: &mut impl FnMut(usize) -> usize) -> Option<usize> {
-    let untried = |i: &usize| !tried.contains(i);
-    let healthy: Vec<usize> = (0..loads.len()).filter(untried).filter(|&i| !loads[i].out(now)).collect();
-    let pool: Vec<usize> = if healthy.is_empty() { (0..loads.len()).filter(untried).collect() } else { healthy };
-    match pool.len() {
+/// requests in flight. `None` when every instance was tried. Allocates nothing: it runs once
+/// per request.
+pub fn pick<'a>(
+    count: usize,
+    load: impl Fn(usize) -> &'a Load,
+    tried: &[usize],
+    now: Instant,
+    random: &mut impl FnMut(usize) -> usize,
+) -> Option<usize> {
+    let healthy_only = (0..count).any(|i| !tried.contains(&i) && !load(i).out(now));
+    let eligible = |i: &usize| !(tried.contains(i) || (healthy_only && load(*i).out(now)));
+    let nth = |n: usize| (0..count).filter(eligible).nth(n);
+    match (0..count).filter(eligible).count() {
         0 => None,
-        1 => Some(pool[0]),
+        1 => nth(0),
         n => {
             let a = random(n);
             // A second draw among the others: two distinct candidates.
             let b = (a + 1 + random(n - 1)) % n;
-            let (a, b) = (pool[a], pool[b]);
-            Some(if loads[b].outstanding() < loads[a].outstanding() { b } else { a })
+            let (a, b) = (nth(a)?, nth(b)?);
+            Some(if load(b).outstanding() < load(a).outstanding() { b } else { a })
         }
     }
 }
@@ -148,30 +162,30 @@ mod tests {
     #[test]
     fn the_less_loaded_of_two_draws_wins_and_tried_or_left_out_instances_are_skipped() {
         let loads: Vec<Arc<Load>> = (0..3).map(|_| Arc::new(Load::default())).collect();
-        let refs: Vec<&Load> = loads.iter().map(|l| &**l).collect();
+        let refs = |i: usize| &*loads[i];
         let now = Instant::now();
         let _busy: Vec<InFlight> = (0..5).map(|_| loads[0].begin()).collect();
         assert_eq!(loads[0].outstanding(), 5);
         // Draws 0 and 1: the idle one.
         let mut draws = [0usize, 0].into_iter();
-        assert_eq!(pick(&refs, &[], now, &mut |_| draws.next().unwrap()), Some(1));
+        assert_eq!(pick(3, refs, &[], now, &mut |_| draws.next().unwrap()), Some(1));
         // Tried: never drawn again; all tried: none.
-        assert_eq!(pick(&refs, &[1, 2], now, &mut |_| 0), Some(0));
-        assert_eq!(pick(&refs, &[0, 1, 2], now, &mut |_| 0), None);
+        assert_eq!(pick(3, refs, &[1, 2], now, &mut |_| 0), Some(0));
+        assert_eq!(pick(3, refs, &[0, 1, 2], now, &mut |_| 0), None);
         // Left out: skipped while another is healthy, drawn when none is.
         for _ in 0..3 {
             loads[1].connected(false, &RULE, now);
             loads[2].connected(false, &RULE, now);
         }
         for draw in 0..3 {
-            assert_eq!(pick(&refs, &[], now, &mut |n| draw % n), Some(0));
+            assert_eq!(pick(3, refs, &[], now, &mut |n| draw % n), Some(0));
         }
         for _ in 0..3 {
             loads[0].connected(false, &RULE, now);
         }
         let mut seen = [false; 3];
         for draw in 0..3 {
-            seen[pick(&refs, &[], now, &mut |n| draw % n).unwrap()] = true;
+            seen[pick(3, refs, &[], now, &mut |n| draw % n).unwrap()] = true;
         }
         assert!(seen.iter().filter(|s| **s).count() >= 2, "never all left out: {seen:?}");
         drop(_busy);

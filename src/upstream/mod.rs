@@ -307,8 +307,9 @@ impl Upstream {
         let index = if self.instances.len() == 1 {
             0
         } else {
-            let loads: Vec<&Load> = self.instances.iter().map(|i| &*i.load).collect();
-            balance::pick(&loads, tried, tokio::time::Instant::now(), &mut |n| rand::random_range(0..n)).unwrap_or(0)
+            let load = |i: usize| &*self.instances[i].load;
+            let now = tokio::time::Instant::now();
+            balance::pick(self.instances.len(), load, tried, now, &mut |n| rand::random_range(0..n)).unwrap_or(0)
         };
         (index, &self.instances[index])
     }
