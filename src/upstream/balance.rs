@@ -29,6 +29,8 @@ pub struct Load {
     /// Whether it has been left out since its last success: the draw reads this, and takes
     /// the lock only for an instance that was.
     ejected: AtomicBool,
+    /// Whether it failed since its last success: a success takes the lock only then.
+    troubled: AtomicBool,
     health: Mutex<Health>,
 }
 
@@ -73,14 +75,17 @@ impl Load {
 
     /// Notes a connect's result; ejects it after `rule.after` failures running.
     pub fn connected(&self, ok: bool, rule: &Ejection, now: Instant) -> Connected {
-        let mut h = self.health();
-        if ok {
-            if h.failures != 0 || h.ejections != 0 {
-                *h = Health::default();
-                self.ejected.store(false, Ordering::Relaxed);
-            }
+        if ok && !self.troubled.load(Ordering::Relaxed) {
             return Connected::Yes;
         }
+        let mut h = self.health();
+        if ok {
+            *h = Health::default();
+            self.ejected.store(false, Ordering::Relaxed);
+            self.troubled.store(false, Ordering::Relaxed);
+            return Connected::Yes;
+        }
+        self.troubled.store(true, Ordering::Relaxed);
         h.failures += 1;
         if h.failures < rule.after {
             return Connected::No(None);
