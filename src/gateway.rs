@@ -153,7 +153,7 @@ impl Gateway {
             methods: r.methods.as_deref(),
             value: route.clone(),
         }))?;
-        // Built: the series of instances this configuration no longer names go (a reload, DNS).
+        // Built: the series of instances this configuration no longer names go (a reload).
         let live = config
             .upstreams
             .iter()
