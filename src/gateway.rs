@@ -153,14 +153,12 @@ impl Gateway {
             methods: r.methods.as_deref(),
             value: route.clone(),
         }))?;
-        // Built: the series of instances this configuration no longer names go (a reload).
-        let live = config
-            .upstreams
-            .iter()
-            .filter(|u| u.urls.len() > 1)
-            .flat_map(|u| u.urls.iter().filter_map(|url| Some((u.name.clone(), url.authority()?.to_string()))))
-            .collect();
-        runtime.metrics.instances.retain(&live);
+        // Built: names resolved again start their lookups. (The series of instances this
+        // configuration no longer has go with the gateway it replaces, when its last request
+        // is done: see `metrics::instance`.)
+        for upstream in upstreams.values() {
+            upstream.start_resolving();
+        }
         Ok(Self {
             router,
             routes,

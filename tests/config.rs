@@ -363,6 +363,26 @@ fn instance_urls_and_ejection_are_checked_and_each_mistake_explained() {
 }
 
 #[test]
+fn resolve_every_needs_one_url_on_a_name_and_a_sane_interval() {
+    let with = |lines: &str| MINIMAL.replace("url = \"http://127.0.0.1:3000\"", lines);
+    let config =
+        Config::from_toml(&with("url = \"http://orders.internal:3000\"\nresolve_every = \"10s\""), "t").unwrap();
+    assert_eq!(config.upstreams[0].resolve_every, Some(std::time::Duration::from_secs(10)));
+    assert_eq!(Config::from_toml(MINIMAL, "t").unwrap().upstreams[0].resolve_every, None);
+    let field = "upstreams.app.resolve_every";
+    assert_issue(
+        &with("urls = [\"http://a:1\", \"http://b:1\"]\nresolve_every = \"10s\""),
+        field,
+        "with urls, each instance is listed instead",
+    );
+    assert_issue(&with("url = \"http://10.0.0.5:3000\"\nresolve_every = \"10s\""), field, "10.0.0.5 is an address");
+    assert_issue(&with("url = \"https://[::1]:3000\"\nresolve_every = \"10s\""), field, "is an address");
+    assert_issue(&with("url = \"http://orders:3000\"\nresolve_every = \"100ms\""), field, "between 1s and 3600s");
+    assert_issue(&with("url = \"http://orders:3000\"\nresolve_every = \"2h\""), field, "between 1s and 3600s");
+    assert_issue(&with("url = \"http://orders:3000\"\nresolve_every = \"often\""), field, "");
+}
+
+#[test]
 fn upstream_urls_and_ca_files_are_checked() {
     let with = |url: &str| MINIMAL.replace("url = \"http://127.0.0.1:3000\"", &format!("url = \"{url}\""));
     assert_issue(&with("http://127.0.0.1:3000/?x=1"), "upstreams.app.url", "must not have a query");

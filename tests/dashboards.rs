@@ -209,8 +209,11 @@ async fn scrape_gateway() -> String {
     // And an upstream of two instances, for the `idemgate_upstream_instance_*` series.
     let routes = format!(
         "{routes}\n[[routes]]\nname = \"spread\"\npath = \"/spread\"\nupstream = \"many\"\n\n\
-         [upstreams.many]\nurls = [\"http://{0}\", \"http://127.0.0.1:9\"]\n",
-        upstream.addr
+         [upstreams.many]\nurls = [\"http://{0}\", \"http://127.0.0.1:9\"]\n\n\
+         [[routes]]\nname = \"named\"\npath = \"/named\"\nupstream = \"named\"\n\n\
+         [upstreams.named]\nurl = \"http://localhost:{1}\"\nresolve_every = \"1s\"\n",
+        upstream.addr,
+        upstream.addr.port()
     );
     let gw = GatewayProc::start(&Toml { store: &store, policy, routes, ..Toml::new(upstream.addr) }.render());
     let client = gw.client();
@@ -219,9 +222,17 @@ async fn scrape_gateway() -> String {
     assert_eq!(client.post_json("/orders", Some("d-1"), r#"{"sku":"B-2"}"#).await.status, 422);
     assert_eq!(client.get("/elsewhere", &[]).await.status, 201);
     assert_eq!(client.post_json("/watched", Some("d-2"), ORDER).await.status, 201);
-    let reply = Client::new(gw.admin).get("/metrics", &[]).await;
-    assert_eq!(reply.status, 200);
-    String::from_utf8(reply.body.to_vec()).unwrap()
+    // The resolved upstream's lookups run on their own: wait for the first (5 s at most).
+    for _ in 0..50 {
+        let reply = Client::new(gw.admin).get("/metrics", &[]).await;
+        assert_eq!(reply.status, 200);
+        let text = String::from_utf8(reply.body.to_vec()).unwrap();
+        if text.contains("idemgate_upstream_lookups_total{") {
+            return text;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!("no lookup of the resolved upstream's name within 5 s");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -264,7 +275,11 @@ async fn dashboards_and_alerts_name_only_exported_metrics() {
     assert!(in_rules.contains("idemgate_observed_total"), "no rule reads idemgate_observed_total");
     // The upstream instances have their row.
     assert!(titles.contains(&"Upstream instances"), "{titles:?}");
-    for name in ["idemgate_upstream_instance_requests_total", "idemgate_upstream_instance_failures_total"] {
+    for name in [
+        "idemgate_upstream_instance_requests_total",
+        "idemgate_upstream_instance_failures_total",
+        "idemgate_upstream_lookups_total",
+    ] {
         assert!(on_board.contains(name), "the board does not show {name}");
     }
 }

@@ -1,7 +1,8 @@
-//! Several instances behind one upstream (`urls`): the load spread by least outstanding
-//! requests over two random choices, an instance that stops left out, a request that was
-//! never sent tried on another instance, and one that was sent never sent again. Every test
-//! counts executions per instance, not only what the client saw.
+//! Several instances behind one upstream (`urls`, or a name resolved again with
+//! `resolve_every`): the load spread by least outstanding requests over two random choices,
+//! an instance that stops left out, a request that was never sent tried on another instance,
+//! and one that was sent never sent again. Every test counts executions per instance, not
+//! only what the client saw.
 
 use crate::support;
 
@@ -193,8 +194,9 @@ async fn a_request_that_was_sent_is_never_sent_to_another_instance() {
     }
     // Both instances were chosen; every request the first swallowed stayed unknown and never
     // reached the second.
-    assert!(!unknown.is_empty(), "the swallowing instance was never chosen");
-    assert_eq!(*swallowed.lock().unwrap(), unknown.len());
+    let swallowed = *swallowed.lock().unwrap();
+    assert!(swallowed > 0, "the swallowing instance was never chosen");
+    assert_eq!(swallowed, unknown.len(), "a request it took was answered by another instance");
     let ran = live.executions_by_key();
     for key in &unknown {
         assert!(!ran.contains_key(&format!("\"{key}\"")) && !ran.contains_key(key), "{key} ran elsewhere: {ran:?}");
@@ -263,43 +265,35 @@ async fn an_instance_that_stops_is_left_out_and_no_request_runs_twice() {
     gw.shutdown().await;
 }
 
+/// What an [`h2_instance`] saw: its address, the streams, the keys it ran, and for each
+/// stream the server name the client sent and its `:authority`.
+type H2Instance = (SocketAddr, Arc<std::sync::atomic::AtomicUsize>, Arc<Mutex<Vec<String>>>, Arc<Mutex<Vec<String>>>);
+
 /// An https instance speaking HTTP/2 (by ALPN) with the test PKI's server certificate. With
 /// `refuse`, it resets every stream with REFUSED_STREAM before reading it (RFC 9113 §8.7: not
 /// processed); otherwise it answers 201. Counts the streams it saw and the keys it ran.
-async fn h2_instance(
-    pki: &support::pki::Pki,
-    refuse: bool,
-) -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>, Arc<Mutex<Vec<String>>>) {
+async fn h2_instance(pki: &support::pki::Pki, refuse: bool) -> H2Instance {
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use tokio_rustls::rustls;
-    use tokio_rustls::rustls::pki_types::pem::PemObject;
-    use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-    let certs: Vec<CertificateDer<'static>> =
-        CertificateDer::pem_file_iter(pki.path("server.pem")).unwrap().map(Result::unwrap).collect();
-    let key = PrivateKeyDer::from_pem_file(pki.path("server.key")).unwrap();
-    let mut server = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .unwrap();
-    server.alpn_protocols = vec![b"h2".to_vec()];
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server));
+    let acceptor = h2_acceptor(pki);
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let streams = Arc::new(AtomicUsize::new(0));
     let ran = Arc::new(Mutex::new(Vec::new()));
-    let (s, r) = (Arc::clone(&streams), Arc::clone(&ran));
+    let names = Arc::new(Mutex::new(Vec::new()));
+    let (s, r, n) = (Arc::clone(&streams), Arc::clone(&ran), Arc::clone(&names));
     tokio::spawn(async move {
         loop {
             let Ok((tcp, _)) = listener.accept().await else { continue };
-            let (acceptor, s, r) = (acceptor.clone(), Arc::clone(&s), Arc::clone(&r));
+            let (acceptor, s, r, n) = (acceptor.clone(), Arc::clone(&s), Arc::clone(&r), Arc::clone(&n));
             tokio::spawn(async move {
                 let Ok(tls) = acceptor.accept(tcp).await else { return };
+                let sni = tls.get_ref().1.server_name().unwrap_or("(none)").to_owned();
                 let Ok(mut connection) = h2::server::handshake(tls).await else { return };
                 while let Some(Ok((request, mut respond))) = connection.accept().await {
                     s.fetch_add(1, Ordering::SeqCst);
+                    let authority = request.uri().authority().map_or("(none)", |a| a.as_str());
+                    n.lock().unwrap().push(format!("{sni} {authority}"));
                     if refuse {
                         respond.send_reset(h2::Reason::REFUSED_STREAM);
                         continue;
@@ -322,14 +316,33 @@ async fn h2_instance(
             });
         }
     });
-    (addr, streams, ran)
+    (addr, streams, ran, names)
+}
+
+/// A TLS acceptor with the test PKI's server certificate, offering h2 by ALPN.
+fn h2_acceptor(pki: &support::pki::Pki) -> tokio_rustls::TlsAcceptor {
+    use tokio_rustls::rustls;
+    use tokio_rustls::rustls::pki_types::pem::PemObject;
+    use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+    let certs: Vec<CertificateDer<'static>> =
+        CertificateDer::pem_file_iter(pki.path("server.pem")).unwrap().map(Result::unwrap).collect();
+    let key = PrivateKeyDer::from_pem_file(pki.path("server.key")).unwrap();
+    let mut server = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .unwrap();
+    server.alpn_protocols = vec![b"h2".to_vec()];
+    tokio_rustls::TlsAcceptor::from(Arc::new(server))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_an_instance_refused_goes_to_another() {
     let pki = support::pki::Pki::new();
-    let (refuser, refused, refuser_ran) = h2_instance(&pki, true).await;
-    let (good, _, good_ran) = h2_instance(&pki, false).await;
+    let (refuser, refused, refuser_ran, _) = h2_instance(&pki, true).await;
+    let (good, _, good_ran, _) = h2_instance(&pki, false).await;
     let toml = config(&[format!("https://{refuser}"), format!("https://{good}")])
         .replace("connect_timeout = \"1s\"", &format!("connect_timeout = \"1s\"\nca_file = {:?}", pki.path("ca.pem")));
     let gw = TestGateway::start(&toml).await;
@@ -351,5 +364,107 @@ async fn a_stream_an_instance_refused_goes_to_another() {
         "idemgate_upstream_instance_failures_total{{upstream=\"app\",instance=\"{refuser}\",kind=\"refused\"}} {refused}"
     );
     assert!(metrics.contains(&line), "no {line:?} in {metrics}");
+    gw.shutdown().await;
+}
+
+/// `config` with one `url` on a name looked up again each second instead of `urls`.
+fn resolved_config(url: &str) -> String {
+    config(&[]).replace("urls = []", &format!("url = {url:?}\nresolve_every = \"1s\""))
+}
+
+/// The gateway's `/metrics`.
+async fn metrics(gw: &TestGateway) -> String {
+    String::from_utf8_lossy(&gw.admin_client().get("/metrics", &[]).await.body).into_owned()
+}
+
+/// The `instance` labels of upstream `app`'s request series, sorted.
+fn instance_labels(metrics: &str) -> Vec<String> {
+    let mut labels: Vec<String> = metrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("idemgate_upstream_instance_requests_total{upstream=\"app\",instance=\""))
+        .filter_map(|rest| rest.split('"').next().map(str::to_owned))
+        .collect();
+    labels.sort();
+    labels
+}
+
+/// What `localhost` resolves to here, as instance labels: the instances the gateway should
+/// come to (127.0.0.1 on most machines; ::1 as well on some).
+async fn localhost_instances(port: u16) -> Vec<String> {
+    let mut found: Vec<SocketAddr> = tokio::net::lookup_host(("localhost", port)).await.unwrap().collect();
+    found.sort();
+    found.dedup();
+    found.iter().map(SocketAddr::to_string).collect()
+}
+
+/// Waits (10 s at most) until the gateway's instances of `app` are `expected`.
+async fn until_instances(gw: &TestGateway, expected: &[String]) -> String {
+    for _ in 0..100 {
+        let text = metrics(gw).await;
+        if instance_labels(&text) == expected {
+            return text;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the instances never became {expected:?}: {}", metrics(gw).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_resolved_again_becomes_its_addresses_while_host_keeps_the_name() {
+    let live = TestUpstream::start().await;
+    let port = live.addr.port();
+    let expected = localhost_instances(port).await;
+    assert!(expected.contains(&live.addr.to_string()), "localhost does not resolve to {}: {expected:?}", live.addr);
+    let gw = TestGateway::start(&resolved_config(&format!("http://localhost:{port}"))).await;
+    // Until the first lookup the one instance is the name; after it, each address.
+    let before = until_instances(&gw, &expected).await;
+    assert!(!before.contains(&format!("instance=\"localhost:{port}\"")), "{before}");
+    assert!(before.contains("idemgate_upstream_lookups_total{upstream=\"app\",outcome=\"changed\"} 1"), "{before}");
+    let client = gw.client();
+    for i in 0..20 {
+        let r = client.post_json("/orders", Some(&format!("resolved-{i}")), ORDER).await;
+        assert_eq!(r.status, 201, "request {i}: {r:?}");
+    }
+    // Every key ran once; the upstream was reached at its address and still addressed by name.
+    assert_eq!(live.executions(), 20);
+    assert!(executions(&[&live]).values().all(|&n| n == 1));
+    for seen in live.seen() {
+        assert_eq!(seen.headers["host"], format!("localhost:{port}").as_str());
+    }
+    let after = metrics(&gw).await;
+    let line = format!("idemgate_upstream_instance_requests_total{{upstream=\"app\",instance=\"{}\"}} 20", live.addr);
+    assert!(after.contains(&line), "no {line:?} in {after}");
+    // Later lookups find the same addresses: the instances (and their pools) stay.
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let later = metrics(&gw).await;
+    assert!(later.contains("idemgate_upstream_lookups_total{upstream=\"app\",outcome=\"unchanged\"}"), "{later}");
+    assert_eq!(instance_labels(&later), expected);
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resolved_https_instance_is_connected_by_address_and_verified_by_name() {
+    let pki = support::pki::Pki::new();
+    let (addr, _, ran, names) = h2_instance(&pki, false).await;
+    let port = addr.port();
+    let expected = localhost_instances(port).await;
+    let toml = resolved_config(&format!("https://localhost:{port}"))
+        .replace("connect_timeout = \"1s\"", &format!("connect_timeout = \"1s\"\nca_file = {:?}", pki.path("ca.pem")));
+    let gw = TestGateway::start(&toml).await;
+    until_instances(&gw, &expected).await;
+    let client = gw.client();
+    for i in 0..10 {
+        let r = client.post_json("/orders", Some(&format!("resolved-tls-{i}")), ORDER).await;
+        assert_eq!(r.status, 201, "request {i}: {r:?}");
+    }
+    assert_eq!(ran.lock().unwrap().len(), 10);
+    // The server name sent and the authority of every stream are the configured name, not
+    // the address the connection went to.
+    let names = names.lock().unwrap().clone();
+    assert!(names.len() >= 10, "{names:?}");
+    assert!(names.iter().all(|n| *n == format!("localhost localhost:{port}")), "{names:?}");
+    let line = format!("idemgate_upstream_instance_requests_total{{upstream=\"app\",instance=\"{addr}\"}} 10");
+    let text = metrics(&gw).await;
+    assert!(text.contains(&line), "no {line:?} in {text}");
     gw.shutdown().await;
 }

@@ -34,8 +34,12 @@ pub const EJECT_AFTER: u32 = 3;
 pub const EJECT_FOR: Duration = Duration::from_secs(5);
 /// The longest an instance is left out.
 pub const EJECT_MAX: Duration = Duration::from_secs(300);
-/// Most instances one upstream takes.
+/// Most instances one upstream takes (listed, or resolved from its name).
 pub const MAX_INSTANCES: usize = 64;
+/// The shortest and longest `resolve_every`: a name is looked up at most once a second, and
+/// at least once an hour.
+pub const RESOLVE_MIN: Duration = Duration::from_secs(1);
+pub const RESOLVE_MAX: Duration = Duration::from_secs(3600);
 pub const KEY_HEADER: &str = "idempotency-key";
 pub const MAX_KEY_LEN: usize = 255;
 pub const SCOPE: &str = "header:Authorization";

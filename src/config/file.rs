@@ -203,6 +203,9 @@ pub struct UpstreamSection {
     pub url: Option<String>,
     /// Several instances of one service, each a base URL like `url` (instead of `url`).
     pub urls: Option<Vec<String>>,
+    /// Look `url`'s host name up again this often; each address it resolves to is an
+    /// instance.
+    pub resolve_every: Option<HumanDuration>,
     /// Connect failures running that leave an instance out of the balance.
     pub eject_after: Option<u32>,
     /// How long an instance is left out the first time; doubled while it keeps failing.

@@ -206,6 +206,9 @@ pub struct UpstreamConfig {
     /// Base URLs, one per instance (at least one): scheme, authority and an optional path
     /// prefix, the same scheme and prefix for all.
     pub urls: Vec<Uri>,
+    /// With one URL whose host is a name: look it up again this often, each address an
+    /// instance.
+    pub resolve_every: Option<Duration>,
     /// When an instance that fails to connect is left out of the balance.
     pub ejection: Ejection,
     /// Deadline of one upstream exchange.
@@ -227,6 +230,9 @@ pub struct Ejection {
     /// The longest.
     pub max: Duration,
 }
+
+/// Most instances one upstream takes, listed or resolved.
+pub(crate) const MAX_INSTANCES: usize = defaults::MAX_INSTANCES;
 
 /// When an instance is left out, as an `[upstreams.NAME]` without `eject_*` says.
 pub(crate) fn default_ejection() -> Ejection {

@@ -1,13 +1,15 @@
-//! The instances of upstreams with several (`urls`): requests, failures by kind, ejections and
-//! requests in flight, labelled `upstream` and `instance` (its address as configured).
+//! The instances of upstreams with several (`urls`, or a name resolved again with
+//! `resolve_every`): requests, failures by kind, ejections and requests in flight, labelled
+//! `upstream` and `instance` (its address as configured, or as resolved).
 //!
-//! The hazard is an unbounded label: instances come and go with reloads (and, with names
-//! resolved again, with DNS). Every instance the running configuration names is recorded
-//! here, and [`Instances::retain`] drops the series of the others when a configuration
-//! replaces it, so that churn never grows `/metrics` without bound.
+//! The hazard is an unbounded label: instances come and go with reloads and with DNS. A
+//! series lives exactly as long as some instance holds its handles: the last
+//! [`InstanceMetrics`] of an (upstream, instance) pair to be dropped removes it, so that
+//! churn never grows `/metrics` without bound. (The gateway a reload replaced keeps its
+//! instances, and their series, until its last request finishes.)
 
-use std::collections::HashSet;
-use std::sync::{Mutex, PoisonError};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -28,6 +30,12 @@ struct InstanceFailure {
     kind: &'static str,
 }
 
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct Lookup {
+    upstream: String,
+    outcome: &'static str,
+}
+
 /// Why an exchange with an instance failed, as `kind` says it.
 const KINDS: [&str; 3] = ["connect", "refused", "broken"];
 
@@ -38,12 +46,15 @@ pub struct Instances {
     failures: Family<InstanceFailure, Counter>,
     ejections: Family<Instance, Counter>,
     in_flight: Family<Instance, Gauge>,
-    /// The (upstream, instance) pairs with series now.
-    known: Mutex<HashSet<(String, String)>>,
+    /// Lookups of resolved upstreams' names, by outcome: as many series as upstream names.
+    lookups: Family<Lookup, Counter>,
+    /// The (upstream, instance) pairs with series now, and how many holders each has.
+    held: Mutex<HashMap<(String, String), usize>>,
 }
 
-/// One instance's handles: updating them is an atomic add, no label lookup.
-#[derive(Debug, Clone, Default)]
+/// One instance's handles: updating them is an atomic add, no label lookup. Dropping the last
+/// holder of a pair removes its series.
+#[derive(Clone)]
 pub struct InstanceMetrics {
     /// Requests sent to it (each try of a request counts once).
     pub requests: Counter,
@@ -57,10 +68,34 @@ pub struct InstanceMetrics {
     pub ejections: Counter,
     /// Requests waiting for its answer's head.
     pub in_flight: Gauge,
+    /// Shared by every clone: the series go when the last one does.
+    _holder: Arc<Holder>,
+}
+
+impl std::fmt::Debug for InstanceMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InstanceMetrics")
+            .field("upstream", &self._holder.upstream)
+            .field("instance", &self._holder.instance)
+            .finish()
+    }
+}
+
+/// One holder of an (upstream, instance) pair's series.
+struct Holder {
+    families: Arc<Instances>,
+    upstream: String,
+    instance: String,
+}
+
+impl Drop for Holder {
+    fn drop(&mut self) {
+        self.families.release(&self.upstream, &self.instance);
+    }
 }
 
 impl Instances {
-    pub(super) fn register(&self, registry: &mut Registry) {
+    pub(crate) fn register(&self, registry: &mut Registry) {
         registry.register(
             "upstream_instance_requests",
             "Requests sent to each instance of an upstream with several (each try once)",
@@ -81,16 +116,30 @@ impl Instances {
             "Requests waiting for an instance's answer (what the balancer compares)",
             self.in_flight.clone(),
         );
+        registry.register(
+            "upstream_lookups",
+            "Lookups of the host name of upstreams with resolve_every, by outcome: changed (instances came or went), unchanged, failed (the last instances stay)",
+            self.lookups.clone(),
+        );
     }
 
-    /// The handles of `instance` of `upstream`, its series created (at zero) now.
-    pub fn instance(&self, upstream: &str, instance: &str) -> InstanceMetrics {
+    /// A lookup of `upstream`'s name ended with `outcome` (changed, unchanged or failed).
+    pub fn looked_up(&self, upstream: &str, outcome: &'static str) {
+        self.lookups.get_or_create(&Lookup { upstream: upstream.to_owned(), outcome }).inc();
+    }
+
+    /// The handles of `instance` of `upstream`, its series created (at zero) now unless
+    /// another holder has them already.
+    pub fn instance(self: &Arc<Self>, upstream: &str, instance: &str) -> InstanceMetrics {
         let label = Instance { upstream: upstream.to_owned(), instance: instance.to_owned() };
         let failure = |kind| {
             let label = InstanceFailure { upstream: upstream.to_owned(), instance: instance.to_owned(), kind };
             self.failures.get_or_create(&label).clone()
         };
-        self.known.lock().unwrap_or_else(PoisonError::into_inner).insert((upstream.to_owned(), instance.to_owned()));
+        // Counted under the lock that `release` removes under: a pair is never removed while
+        // a holder is being made.
+        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        *held.entry((upstream.to_owned(), instance.to_owned())).or_default() += 1;
         InstanceMetrics {
             requests: self.requests.get_or_create(&label).clone(),
             connect_failed: failure(KINDS[0]),
@@ -98,22 +147,35 @@ impl Instances {
             broken: failure(KINDS[2]),
             ejections: self.ejections.get_or_create(&label).clone(),
             in_flight: self.in_flight.get_or_create(&label).clone(),
+            _holder: Arc::new(Holder {
+                families: Arc::clone(self),
+                upstream: upstream.to_owned(),
+                instance: instance.to_owned(),
+            }),
         }
     }
 
-    /// Drops the series of every instance not in `live` (upstream, instance).
-    pub fn retain(&self, live: &HashSet<(String, String)>) {
-        let mut known = self.known.lock().unwrap_or_else(PoisonError::into_inner);
-        for (upstream, instance) in known.iter().filter(|pair| !live.contains(*pair)) {
-            let label = Instance { upstream: upstream.clone(), instance: instance.clone() };
-            self.requests.remove(&label);
-            self.ejections.remove(&label);
-            self.in_flight.remove(&label);
-            for kind in KINDS {
-                self.failures.remove(&InstanceFailure { upstream: upstream.clone(), instance: instance.clone(), kind });
+    /// One holder of the pair is gone; the last takes the series with it.
+    fn release(&self, upstream: &str, instance: &str) {
+        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        let pair = (upstream.to_owned(), instance.to_owned());
+        match held.get_mut(&pair) {
+            Some(count) if *count > 1 => {
+                *count -= 1;
+                return;
             }
+            Some(_) => {
+                held.remove(&pair);
+            }
+            None => return,
         }
-        known.retain(|pair| live.contains(pair));
+        let label = Instance { upstream: pair.0.clone(), instance: pair.1.clone() };
+        self.requests.remove(&label);
+        self.ejections.remove(&label);
+        self.in_flight.remove(&label);
+        for kind in KINDS {
+            self.failures.remove(&InstanceFailure { upstream: pair.0.clone(), instance: pair.1.clone(), kind });
+        }
     }
 }
 
@@ -121,33 +183,55 @@ impl Instances {
 mod tests {
     use super::*;
 
+    fn text(registry: &Registry) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, registry).unwrap();
+        out
+    }
+
     #[test]
     fn an_instance_that_leaves_takes_its_series_with_it() {
         let mut registry = Registry::default();
-        let instances = Instances::default();
+        let instances = Arc::new(Instances::default());
         instances.register(&mut registry);
         let a = instances.instance("app", "10.0.0.5:3000");
-        let _b = instances.instance("app", "10.0.0.6:3000");
+        let b = instances.instance("app", "10.0.0.6:3000");
         a.requests.inc();
-        let text = |registry: &Registry| {
-            let mut out = String::new();
-            prometheus_client::encoding::text::encode(&mut out, registry).unwrap();
-            out
-        };
         let before = text(&registry);
         assert!(
             before.contains("upstream_instance_requests_total{upstream=\"app\",instance=\"10.0.0.5:3000\"} 1"),
             "{before}"
         );
         assert!(before.contains("instance=\"10.0.0.6:3000\",kind=\"refused\"} 0"), "{before}");
-        instances.retain(&HashSet::from([("app".to_owned(), "10.0.0.5:3000".to_owned())]));
+        drop(b);
         let after = text(&registry);
         assert!(after.contains("10.0.0.5:3000") && !after.contains("10.0.0.6:3000"), "{after}");
         // Churn: a thousand instances come and go; the series stay those of the live ones.
         for i in 0..1000 {
-            instances.instance("app", &format!("10.1.{}.{}:3000", i / 250, i % 250));
-            instances.retain(&HashSet::from([("app".to_owned(), "10.0.0.5:3000".to_owned())]));
+            let passing = instances.instance("app", &format!("10.1.{}.{}:3000", i / 250, i % 250));
+            passing.requests.inc();
         }
         assert_eq!(text(&registry).matches("instance=").count(), after.matches("instance=").count());
+        drop(a);
+        assert_eq!(text(&registry).matches("instance=").count(), 0);
+    }
+
+    #[test]
+    fn a_series_two_holders_share_stays_until_both_are_gone() {
+        // A reload: the gateway being replaced and the new one both hold an instance.
+        let mut registry = Registry::default();
+        let instances = Arc::new(Instances::default());
+        instances.register(&mut registry);
+        let old = instances.instance("app", "10.0.0.5:3000");
+        let new = instances.instance("app", "10.0.0.5:3000");
+        old.requests.inc();
+        let copy = new.clone();
+        drop(old);
+        drop(new);
+        copy.requests.inc();
+        let held = text(&registry);
+        assert!(held.contains("instance=\"10.0.0.5:3000\"} 2"), "{held}");
+        drop(copy);
+        assert!(!text(&registry).contains("10.0.0.5:3000"));
     }
 }

@@ -157,7 +157,7 @@ pub struct Metrics {
     /// 1 while the store's settings let it evict records (see `store::Settings`).
     pub store_evicts_records: Gauge,
     /// The instances of upstreams with several.
-    pub instances: Instances,
+    pub instances: Arc<Instances>,
 }
 
 impl Default for Metrics {
@@ -241,7 +241,7 @@ impl Default for Metrics {
             "1 while Redis's maxmemory-policy lets it evict records (an answer lost, its retry run again); 0 otherwise or when it cannot be read",
             store_evicts_records.clone(),
         );
-        let instances = Instances::default();
+        let instances = Arc::new(Instances::default());
         instances.register(&mut registry);
         Self {
             instances,

@@ -88,6 +88,7 @@ impl Telemetry {
         let collector = UpstreamConfig {
             name: "telemetry".into(),
             urls: vec![config.traces_url.clone()],
+            resolve_every: None,
             ejection: crate::config::default_ejection(),
             timeout: EXPORT_TIMEOUT,
             connect_timeout: Duration::from_secs(5),

@@ -11,6 +11,10 @@
 //! a request whose reused connection closed before the request was written to it; that one
 //! was never sent either.
 //!
+//! With `resolve_every`, the instances are the addresses `url`'s host name resolves to, looked
+//! up again in the background ([`resolve`]); each request is balanced over the instances of
+//! the moment.
+//!
 //! Upstreams are `http://` or `https://` (rustls; system roots, or the CA bundle named by
 //! `ca_file`). HTTP/2 is negotiated by ALPN over TLS; cleartext upstreams speak HTTP/1.1.
 //! The request sent upstream is the client's, minus hop-by-hop headers, with the
@@ -18,8 +22,11 @@
 //! own UNIQUE constraint can do its work.
 
 mod balance;
+mod resolve;
 
 use std::future::Future;
+use std::net::SocketAddr;
+use std::ops::Deref;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -39,6 +46,7 @@ use hyper_util::rt::TokioIo;
 use thiserror::Error;
 
 use self::balance::{Connected, Load};
+use self::resolve::Resolved;
 use crate::body::{self, Body};
 use crate::config::{Ejection, UpstreamConfig};
 use crate::forwarded::{self, Peer};
@@ -158,14 +166,55 @@ pub struct Upstream {
     timeout: Duration,
     /// When an instance that fails to connect is left out.
     ejection: Ejection,
-    /// At least one.
-    instances: Vec<Instance>,
+    /// What a prepared request's URI carries: the first instance's key (see
+    /// [`Instance::key`]); another instance puts its own when it sends.
+    key: Authority,
+    members: Members,
+}
+
+/// The instances requests are balanced over.
+enum Members {
+    /// `url` or `urls`, for the configuration's life. At least one.
+    Fixed(Vec<Arc<Instance>>),
+    /// `url` with `resolve_every`: one instance per address its host resolved to last.
+    Resolved(Arc<Resolved>),
+}
+
+/// The instances one request is balanced over, held until it is done with them: a resolved
+/// set may be replaced meanwhile, and the indexes a request has tried refer to this one.
+enum Set<'a> {
+    Fixed(&'a [Arc<Instance>]),
+    Resolved(Arc<Vec<Arc<Instance>>>),
+}
+
+impl Deref for Set<'_> {
+    type Target = [Arc<Instance>];
+
+    fn deref(&self) -> &Self::Target {
+        match self {
+            Set::Fixed(list) => list,
+            Set::Resolved(list) => list,
+        }
+    }
+}
+
+/// What every instance of one upstream is made from.
+struct Template {
+    upstream: String,
+    scheme: Scheme,
+    tls: rustls::ClientConfig,
+    connect_timeout: Duration,
 }
 
 /// One instance of an upstream: its address and its pool.
 struct Instance {
-    /// Its address, as configured.
+    /// Its address, as configured: what `Host` and TLS name.
     authority: Authority,
+    /// The address its name resolved to, connected to instead of looking the name up (a
+    /// resolved upstream's instances); `None`: the name is looked up at each new connection.
+    pinned: Option<SocketAddr>,
+    /// How logs and metrics name it: the pinned address, else the authority.
+    label: String,
     /// What the request's URI carries: the real authority over TLS, [`POOL_KEY`] in cleartext.
     key: Authority,
     /// The `Host` header of a cleartext upstream (`host`, or `host:port` for a port other
@@ -181,22 +230,30 @@ struct Instance {
 
 impl std::fmt::Debug for Upstream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let instances: Vec<&Authority> = self.instances.iter().map(|i| &i.authority).collect();
+        let set = self.set();
+        let instances: Vec<&str> = set.iter().map(|i| i.label.as_str()).collect();
         f.debug_struct("Upstream").field("name", &self.name).field("instances", &instances).finish()
     }
 }
 
 impl Upstream {
     /// Builds the clients for one configured upstream, a pool per instance; with several
-    /// instances, each counted in `metrics` (when given).
-    pub fn new(config: &UpstreamConfig, metrics: Option<&Instances>) -> Result<Self, UpstreamSetupError> {
+    /// instances (or a name resolved again), each counted in `metrics` (when given). A
+    /// resolved upstream starts with one instance on its name, looked up at each connection,
+    /// until [`Upstream::start_resolving`] has looked it up.
+    pub fn new(config: &UpstreamConfig, metrics: Option<&Arc<Instances>>) -> Result<Self, UpstreamSetupError> {
         let first = config.urls.first().ok_or_else(|| UpstreamSetupError::Tls {
             upstream: config.name.clone(),
             detail: "no URL (validation should have caught this)".into(),
         })?;
         let scheme = first.scheme().cloned().unwrap_or(Scheme::HTTP);
         let base_path = first.path().trim_end_matches('/').to_owned();
-        let tls = tls_config(config)?;
+        let template = Template {
+            upstream: config.name.clone(),
+            scheme: scheme.clone(),
+            tls: tls_config(config)?,
+            connect_timeout: config.connect_timeout,
+        };
         let mut instances = Vec::with_capacity(config.urls.len());
         for url in &config.urls {
             let authority = url.authority().cloned().ok_or_else(|| UpstreamSetupError::Tls {
@@ -204,18 +261,43 @@ impl Upstream {
                 detail: format!("{url} has no host"),
             })?;
             let counted = metrics
-                .filter(|_| config.urls.len() > 1)
+                .filter(|_| config.urls.len() > 1 || config.resolve_every.is_some())
                 .map(|families| families.instance(&config.name, authority.as_str()));
-            instances.push(Instance::new(&scheme, authority, tls.clone(), config.connect_timeout, counted));
+            instances.push(Arc::new(template.instance(authority, None, counted)));
         }
+        let key = instances.first().map_or(POOL_KEY, |i| i.key.clone());
+        let members = match (config.resolve_every, instances.first()) {
+            (Some(every), Some(first)) => {
+                let resolved = Resolved::new(template, Arc::clone(first), every, metrics.cloned());
+                Members::Resolved(Arc::new(resolved))
+            }
+            _ => Members::Fixed(instances),
+        };
         Ok(Self {
             name: config.name.clone(),
             scheme,
             base_path,
             timeout: config.timeout,
             ejection: config.ejection,
-            instances,
+            key,
+            members,
         })
+    }
+
+    /// Starts looking the host name up again in the background, for an upstream with
+    /// `resolve_every` (once; nothing otherwise). The lookups stop when the upstream is
+    /// dropped. Must run inside the gateway's tokio runtime.
+    pub fn start_resolving(&self) {
+        if let Members::Resolved(resolved) = &self.members {
+            resolve::start(resolved);
+        }
+    }
+
+    fn set(&self) -> Set<'_> {
+        match &self.members {
+            Members::Fixed(list) => Set::Fixed(list),
+            Members::Resolved(resolved) => Set::Resolved(resolved.current()),
+        }
     }
 
     /// The deadline of one exchange.
@@ -231,7 +313,7 @@ impl Upstream {
             .headers
             .remove(http::header::HOST)
             .or_else(|| parts.uri.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()));
-        parts.uri = self.target(&parts.uri, &self.instances[0]);
+        parts.uri = self.target(&parts.uri);
         // The connection to the upstream is ours: HTTP/1.1 framing, or h2 if ALPN agrees,
         // whatever the client spoke to us.
         parts.version = Version::HTTP_11;
@@ -239,7 +321,7 @@ impl Upstream {
         forwarded::apply(&mut parts.headers, peer, original_host.as_ref());
     }
 
-    fn target(&self, original: &Uri, instance: &Instance) -> Uri {
+    fn target(&self, original: &Uri) -> Uri {
         let path_and_query = match original.path_and_query() {
             // The common case: no prefix, and the client's path-and-query is reused as parsed.
             Some(pq) if self.base_path.is_empty() => Some(pq.clone()),
@@ -251,7 +333,7 @@ impl Upstream {
         };
         let mut parts = http::uri::Parts::default();
         parts.scheme = Some(self.scheme.clone());
-        parts.authority = Some(instance.key.clone());
+        parts.authority = Some(self.key.clone());
         parts.path_and_query = path_and_query;
         Uri::from_parts(parts).unwrap_or_else(|_| original.clone())
     }
@@ -260,13 +342,17 @@ impl Upstream {
     /// body cannot be sent twice, so a request that could not be sent fails here. It sets
     /// no deadline of its own: the caller bounds the exchange by [`Upstream::timeout`], once.
     pub async fn send(&self, request: Request<Body>) -> Result<Response<Incoming>, UpstreamError> {
-        let (index, instance) = self.pick(&[]);
+        let set = self.set();
+        self.send_to(&set[self.pick(&set, &[])], request).await
+    }
+
+    async fn send_to(&self, instance: &Instance, request: Request<Body>) -> Result<Response<Incoming>, UpstreamError> {
         match instance.send(request).await {
             Ok(response) => {
-                self.connected(index, true);
+                self.connected(instance, true);
                 Ok(response)
             }
-            Err(failure) => Err(self.failed(index, failure)),
+            Err(failure) => Err(self.failed(instance, failure)),
         }
     }
 
@@ -274,14 +360,16 @@ impl Upstream {
     /// connection, a refused stream) goes to another, once to each at most, within the
     /// caller's deadline; one that was sent is never sent again.
     pub async fn send_buffered(&self, request: Request<Bytes>) -> Result<Response<Incoming>, UpstreamError> {
+        let set = self.set();
         // One instance: nowhere else to go, and no copy of the head to keep.
-        if self.instances.len() == 1 {
-            return self.send(request.map(body::full)).await;
+        if set.len() == 1 {
+            return self.send_to(&set[0], request.map(body::full)).await;
         }
         let (parts, body) = request.into_parts();
         let mut tried: Vec<usize> = Vec::new();
         loop {
-            let (index, instance) = self.pick(&tried);
+            let index = self.pick(&set, &tried);
+            let instance = &set[index];
             tried.push(index);
             let mut again = Request::new(body::full(body.clone()));
             *again.method_mut() = parts.method.clone();
@@ -290,32 +378,29 @@ impl Upstream {
             *again.headers_mut() = parts.headers.clone();
             match instance.send(again).await {
                 Ok(response) => {
-                    self.connected(index, true);
+                    self.connected(instance, true);
                     return Ok(response);
                 }
-                Err(failure @ (Failure::Connect(_) | Failure::Refused(_))) if tried.len() < self.instances.len() => {
-                    let error = self.failed(index, failure);
-                    tracing::debug!(upstream = %self.name, instance = %self.instances[index].authority, error = %error, "never sent; trying another instance");
+                Err(failure @ (Failure::Connect(_) | Failure::Refused(_))) if tried.len() < set.len() => {
+                    let error = self.failed(instance, failure);
+                    tracing::debug!(upstream = %self.name, instance = %instance.label, error = %error, "never sent; trying another instance");
                 }
-                Err(failure) => return Err(self.failed(index, failure)),
+                Err(failure) => return Err(self.failed(instance, failure)),
             }
         }
     }
 
-    /// An instance for the next request, leaving out `tried`.
-    fn pick(&self, tried: &[usize]) -> (usize, &Instance) {
-        let index = if self.instances.len() == 1 {
-            0
-        } else {
-            let load = |i: usize| &*self.instances[i].load;
-            let now = tokio::time::Instant::now();
-            balance::pick(self.instances.len(), load, tried, now, &mut |n| rand::random_range(0..n)).unwrap_or(0)
-        };
-        (index, &self.instances[index])
+    /// The index in `set` of an instance for the next request, leaving out `tried`.
+    fn pick(&self, set: &[Arc<Instance>], tried: &[usize]) -> usize {
+        if set.len() == 1 {
+            return 0;
+        }
+        let load = |i: usize| &*set[i].load;
+        let now = tokio::time::Instant::now();
+        balance::pick(set.len(), load, tried, now, &mut |n| rand::random_range(0..n)).unwrap_or(0)
     }
 
-    fn connected(&self, index: usize, ok: bool) -> Connected {
-        let instance = &self.instances[index];
+    fn connected(&self, instance: &Instance, ok: bool) -> Connected {
         let connected = instance.load.connected(ok, &self.ejection, tokio::time::Instant::now());
         if let (Connected::No(Some(_)), Some(metrics)) = (connected, &instance.metrics) {
             metrics.ejections.inc();
@@ -323,7 +408,7 @@ impl Upstream {
         if let Connected::No(Some(out_for)) = connected {
             tracing::warn!(
                 upstream = %self.name,
-                instance = %instance.authority,
+                instance = %instance.label,
                 out_for = ?out_for,
                 "an instance failed to connect {} times running; left out for {out_for:?}",
                 self.ejection.after
@@ -333,8 +418,8 @@ impl Upstream {
     }
 
     /// The error of a failed exchange, noted against its instance's health.
-    fn failed(&self, index: usize, failure: Failure) -> UpstreamError {
-        if let Some(metrics) = &self.instances[index].metrics {
+    fn failed(&self, instance: &Instance, failure: Failure) -> UpstreamError {
+        if let Some(metrics) = &instance.metrics {
             match failure {
                 Failure::Connect(_) => metrics.connect_failed.inc(),
                 Failure::Refused(_) => metrics.refused.inc(),
@@ -344,7 +429,7 @@ impl Upstream {
         let upstream = self.name.clone();
         match failure {
             Failure::Connect(e) => {
-                self.connected(index, false);
+                self.connected(instance, false);
                 UpstreamError::Unreachable { upstream, detail: error_chain(&e) }
             }
             // The instance answered at the protocol level: it is up.
@@ -364,24 +449,24 @@ impl Upstream {
     }
 }
 
-impl Instance {
-    fn new(
-        scheme: &Scheme,
-        authority: Authority,
-        tls: rustls::ClientConfig,
-        connect_timeout: Duration,
-        metrics: Option<InstanceMetrics>,
-    ) -> Self {
+impl Template {
+    /// An instance at `authority`; at `pinned`, when given, instead of what the name resolves
+    /// to at each connection.
+    fn instance(&self, authority: Authority, pinned: Option<SocketAddr>, metrics: Option<InstanceMetrics>) -> Instance {
+        let scheme = &self.scheme;
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         http.set_nodelay(true);
-        http.set_connect_timeout(Some(connect_timeout));
+        http.set_connect_timeout(Some(self.connect_timeout));
+        let to = pinned.and_then(|address| {
+            Uri::builder().scheme("http").authority(address.to_string()).path_and_query("/").build().ok()
+        });
         let connector = HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
+            .with_tls_config(self.tls.clone())
             .https_or_http()
             .enable_http1()
             .enable_http2()
-            .wrap_connector(http);
+            .wrap_connector(Pinned { http, to });
         let (dial, key, host) = if *scheme == Scheme::HTTPS {
             (Dial { connector, address: None }, authority.clone(), None)
         } else {
@@ -396,9 +481,12 @@ impl Instance {
             }
         };
         let client = Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(60)).build(dial);
-        Self { authority, key, host, client, load: Arc::new(Load::default()), metrics }
+        let label = pinned.map_or_else(|| authority.to_string(), |address| address.to_string());
+        Instance { authority, pinned, label, key, host, client, load: Arc::new(Load::default()), metrics }
     }
+}
 
+impl Instance {
     /// Sends `request` (prepared for the upstream) to this instance: its address, its Host.
     async fn send(&self, mut request: Request<Body>) -> Result<Response<Incoming>, Failure> {
         if request.uri().authority() != Some(&self.key) {
@@ -443,7 +531,7 @@ fn host_header(authority: &Authority) -> String {
 /// authority the request's URI carries (see [`POOL_KEY`]).
 #[derive(Clone)]
 struct Dial {
-    connector: HttpsConnector<HttpConnector>,
+    connector: HttpsConnector<Pinned>,
     /// The cleartext upstream's address; `None`: the URI's own (TLS upstreams).
     address: Option<Uri>,
 }
@@ -464,6 +552,31 @@ impl tower_service::Service<Uri> for Dial {
     fn call(&mut self, dst: Uri) -> Self::Future {
         let dst = self.address.clone().unwrap_or(dst);
         self.connector.call(dst)
+    }
+}
+
+/// The TCP connector below TLS: connects to the instance's pinned address when it has one.
+/// TLS, above, still takes the name from the URI, so the server name sent and the
+/// certificate checked stay the configured host's, whatever address it resolved to.
+#[derive(Clone)]
+struct Pinned {
+    http: HttpConnector,
+    /// `http://ADDRESS:PORT/`: only its host and port are read.
+    to: Option<Uri>,
+}
+
+impl tower_service::Service<Uri> for Pinned {
+    type Response = <HttpConnector as tower_service::Service<Uri>>::Response;
+    type Error = <HttpConnector as tower_service::Service<Uri>>::Error;
+    type Future = <HttpConnector as tower_service::Service<Uri>>::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.http.poll_ready(cx)
+    }
+
+    fn call(&mut self, dst: Uri) -> Self::Future {
+        let dst = self.to.clone().unwrap_or(dst);
+        self.http.call(dst)
     }
 }
 
@@ -498,5 +611,25 @@ mod tests {
         assert_eq!(host("orders.internal:80"), "orders.internal");
         assert_eq!(host("orders.internal"), "orders.internal");
         assert_eq!(host("[::1]:9000"), "[::1]:9000");
+    }
+
+    #[tokio::test]
+    async fn a_pinned_instance_connects_to_its_address_whatever_name_it_is_asked_for() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        let mut pinned = Pinned { http, to: Some(format!("http://{address}/").parse().unwrap()) };
+        // A name that resolves nowhere (RFC 6761's .invalid) on another port: only the pinned
+        // address can have been connected to.
+        let target: Uri = "https://orders.invalid:1/".parse().unwrap();
+        let connecting = tower_service::Service::call(&mut pinned, target);
+        let (accepted, connected) =
+            tokio::time::timeout(Duration::from_secs(5), async { tokio::join!(listener.accept(), connecting) })
+                .await
+                .expect("no connection within 5 s");
+        let (accepted, connected) = (accepted.unwrap().0, connected.unwrap());
+        assert_eq!(connected.inner().peer_addr().unwrap(), address);
+        assert_eq!(accepted.peer_addr().unwrap(), connected.inner().local_addr().unwrap());
     }
 }

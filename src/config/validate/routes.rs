@@ -43,10 +43,12 @@ pub(super) fn upstream(name: &str, s: &file::UpstreamSection, issues: &mut Issue
             issues.add(format!("{key}.ca_file"), format!("cannot read {}: {e}", path.display()));
         }
     }
+    let resolve_every = resolve_every(&key, s, url.as_ref(), issues);
     let ejection = Ejection { after: eject_after, base: eject_for, max: defaults::EJECT_MAX.max(eject_for) };
     Some(UpstreamConfig {
         name: name.to_owned(),
         urls: urls?,
+        resolve_every,
         ejection,
         timeout,
         connect_timeout,
@@ -99,6 +101,27 @@ fn instance_urls(key: &str, s: &file::UpstreamSection, issues: &mut Issues) -> O
             None
         }
     }
+}
+
+/// `resolve_every`: only beside `url`, whose host must be a name (an address resolves to
+/// itself), within [`defaults::RESOLVE_MIN`] and [`defaults::RESOLVE_MAX`].
+fn resolve_every(key: &str, s: &file::UpstreamSection, url: Option<&Uri>, issues: &mut Issues) -> Option<Duration> {
+    let every = s.resolve_every?.0;
+    let field = format!("{key}.resolve_every");
+    if s.urls.is_some() {
+        issues.add(&field, "looks up the host name of url again; with urls, each instance is listed instead");
+        return None;
+    }
+    if !(defaults::RESOLVE_MIN..=defaults::RESOLVE_MAX).contains(&every) {
+        issues.add(&field, format!("must be between {:?} and {:?}", defaults::RESOLVE_MIN, defaults::RESOLVE_MAX));
+        return None;
+    }
+    let host = url?.host()?;
+    if host.trim_start_matches('[').trim_end_matches(']').parse::<std::net::IpAddr>().is_ok() {
+        issues.add(&field, format!("needs a host name in url to look up; {host} is an address"));
+        return None;
+    }
+    Some(every)
 }
 
 fn upstream_url(text: &str) -> Result<Uri, String> {
