@@ -319,6 +319,72 @@ async fn h2_instance(pki: &support::pki::Pki, refuse: bool) -> H2Instance {
     (addr, streams, ran, names)
 }
 
+/// An https instance that speaks just enough HTTP/2, frame by frame, to take each request's
+/// HEADERS and answer it with a GOAWAY. With `above`, the GOAWAY's last stream id is below
+/// the request's: the stream was not processed (RFC 9113 §6.8). Otherwise it is the
+/// request's own, which says the stream may have been processed, and the connection closes
+/// without an answer. Counts the streams it took.
+async fn goaway_instance(pki: &support::pki::Pki, above: bool) -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    let acceptor = h2_acceptor(pki);
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let turned_away = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&turned_away);
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else { continue };
+            let (acceptor, counted) = (acceptor.clone(), Arc::clone(&counted));
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else { return };
+                let mut preface = [0u8; 24];
+                if tls.read_exact(&mut preface).await.is_err() || &preface != b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" {
+                    return;
+                }
+                // Our SETTINGS (none changed).
+                let _ = tls.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await;
+                loop {
+                    let mut head = [0u8; 9];
+                    if tls.read_exact(&mut head).await.is_err() {
+                        return;
+                    }
+                    let length = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
+                    let (kind, flags) = (head[3], head[4]);
+                    let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
+                    let mut payload = vec![0u8; length];
+                    if tls.read_exact(&mut payload).await.is_err() {
+                        return;
+                    }
+                    match kind {
+                        // The client's SETTINGS: acknowledged.
+                        4 if flags & 1 == 0 => {
+                            let _ = tls.write_all(&[0, 0, 0, 4, 1, 0, 0, 0, 0]).await;
+                        }
+                        // A request: GOAWAY, NO_ERROR, with the last stream id below it, or
+                        // at it and the connection closed.
+                        1 => {
+                            counted.fetch_add(1, Ordering::SeqCst);
+                            let last = if above { stream.saturating_sub(2) } else { stream };
+                            let mut frame = vec![0, 0, 8, 7, 0, 0, 0, 0, 0];
+                            frame.extend_from_slice(&last.to_be_bytes());
+                            frame.extend_from_slice(&[0, 0, 0, 0]);
+                            let _ = tls.write_all(&frame).await;
+                            let _ = tls.flush().await;
+                            if !above {
+                                let _ = tls.shutdown().await;
+                                return;
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            });
+        }
+    });
+    (addr, turned_away)
+}
+
 /// A TLS acceptor with the test PKI's server certificate, offering h2 by ALPN.
 fn h2_acceptor(pki: &support::pki::Pki) -> tokio_rustls::TlsAcceptor {
     use tokio_rustls::rustls;
@@ -336,6 +402,75 @@ fn h2_acceptor(pki: &support::pki::Pki) -> tokio_rustls::TlsAcceptor {
         .unwrap();
     server.alpn_protocols = vec![b"h2".to_vec()];
     tokio_rustls::TlsAcceptor::from(Arc::new(server))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_above_a_goaway_goes_to_another() {
+    let pki = support::pki::Pki::new();
+    let (leaving, turned_away) = goaway_instance(&pki, true).await;
+    let (good, _, good_ran, _) = h2_instance(&pki, false).await;
+    let toml = config(&[format!("https://{leaving}"), format!("https://{good}")])
+        .replace("connect_timeout = \"1s\"", &format!("connect_timeout = \"1s\"\nca_file = {:?}", pki.path("ca.pem")));
+    let gw = TestGateway::start(&toml).await;
+    let client = gw.client();
+    for i in 0..20 {
+        let r = client.post_json("/orders", Some(&format!("goaway-{i}")), ORDER).await;
+        assert_eq!(r.status, 201, "request {i}: {r:?}");
+    }
+    // The leaving instance took streams and answered none; every key ran once, elsewhere.
+    let turned_away = turned_away.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(turned_away > 0, "the leaving instance was never chosen");
+    let mut ran = good_ran.lock().unwrap().clone();
+    ran.sort();
+    ran.dedup();
+    assert_eq!((ran.len(), good_ran.lock().unwrap().len()), (20, 20));
+    let metrics = metrics(&gw).await;
+    let line = format!(
+        "idemgate_upstream_instance_failures_total{{upstream=\"app\",instance=\"{leaving}\",kind=\"refused\"}} {turned_away}"
+    );
+    assert!(metrics.contains(&line), "no {line:?} in {metrics}");
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_at_or_below_a_goaway_is_never_sent_to_another_instance() {
+    // The GOAWAY covers the stream (it may have been processed), then the connection is lost:
+    // the outcome is unknown, as for any request that was sent.
+    let pki = support::pki::Pki::new();
+    let (leaving, took) = goaway_instance(&pki, false).await;
+    let (good, _, good_ran, _) = h2_instance(&pki, false).await;
+    let toml = config(&[format!("https://{leaving}"), format!("https://{good}")])
+        .replace("connect_timeout = \"1s\"", &format!("connect_timeout = \"1s\"\nca_file = {:?}", pki.path("ca.pem")));
+    let gw = TestGateway::start(&toml).await;
+    let client = gw.client();
+    let mut unknown = Vec::new();
+    for i in 0..24 {
+        let key = format!("covered-{i}");
+        let r = client.post_json("/orders", Some(&key), ORDER).await;
+        match r.status.as_u16() {
+            201 => {}
+            502 => {
+                assert_eq!(r.problem(), "outcome-unknown", "{r:?}");
+                unknown.push(key);
+            }
+            other => panic!("{other}: {r:?}"),
+        }
+    }
+    let took = took.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(took > 0, "the leaving instance was never chosen");
+    assert_eq!(took, unknown.len(), "a request it took was answered by another instance");
+    let ran = good_ran.lock().unwrap().clone();
+    for key in &unknown {
+        assert!(!ran.contains(key), "{key} ran elsewhere: {ran:?}");
+    }
+    assert_eq!(ran.len() + unknown.len(), 24);
+    let metrics = metrics(&gw).await;
+    let line = format!(
+        "idemgate_upstream_instance_failures_total{{upstream=\"app\",instance=\"{leaving}\",kind=\"broken\"}} {}",
+        unknown.len()
+    );
+    assert!(metrics.contains(&line), "no {line:?} in {metrics}");
+    gw.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -108,6 +108,10 @@ impl Failure {
         }
         // RFC 9113 §8.7: REFUSED_STREAM, or a stream above the last id of a GOAWAY the
         // instance sent, was not processed and may be sent again, elsewhere too.
+        // Hazard: this leans on h2 giving a remote GOAWAY's error only to the streams above
+        // its last id (and to streams opened after it); a stream at or below it that the
+        // connection then loses ends as a broken pipe, which is `Sent`. Tests hold both
+        // kinds (tests/instances.rs) against an h2 upgrade that would change it.
         let mut cause = std::error::Error::source(&e);
         while let Some(c) = cause {
             if let Some(h2) = c.downcast_ref::<h2::Error>() {
