@@ -3,7 +3,11 @@
 //! of it, not the service. `/size/N` answers N bytes instead (at most 16 MiB), sliced from one
 //! buffer made at start, so that large answers cost the upstream no copy either.
 //!
-//!     cargo run --release --example bench_upstream -- 127.0.0.1:3999
+//! Given several addresses, one process listens on each: the instances of an upstream with
+//! several `urls`, at the cost of one process, so that a scenario over three instances and
+//! one over a single instance load the machine alike.
+//!
+//!     cargo run --release --example bench_upstream -- 127.0.0.1:3999 [127.0.0.1:4000 ...]
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -27,12 +31,34 @@ fn answer(path: &str, big: &Bytes) -> Bytes {
     }
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let addr: SocketAddr = std::env::args().nth(1).ok_or("usage: bench_upstream ADDR")?.parse()?;
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+fn main() -> Result<(), Error> {
+    let addrs: Vec<SocketAddr> = std::env::args().skip(1).map(|a| a.parse()).collect::<Result<_, _>>()?;
+    if addrs.is_empty() {
+        return Err("usage: bench_upstream ADDR [ADDR ...]".into());
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let big = Bytes::from(vec![b'x'; MAX_SIZE]);
     runtime.block_on(async move {
-        let listener = TcpListener::bind(addr).await?;
+        let mut listeners = Vec::with_capacity(addrs.len());
+        for addr in addrs {
+            listeners.push(TcpListener::bind(addr).await?);
+        }
+        let mut serving = tokio::task::JoinSet::new();
+        for listener in listeners {
+            serving.spawn(serve(listener, big.clone()));
+        }
+        match serving.join_next().await {
+            Some(Ok(result)) => result,
+            Some(Err(e)) => Err(e.into()),
+            None => Ok(()),
+        }
+    })
+}
+
+async fn serve(listener: TcpListener, big: Bytes) -> Result<(), Error> {
+    {
         loop {
             let (stream, _) = listener.accept().await?;
             let _ = stream.set_nodelay(true);
@@ -54,5 +80,5 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
             });
         }
-    })
+    }
 }
