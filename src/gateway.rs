@@ -81,6 +81,8 @@ pub struct Gateway {
     route_configs: Vec<RouteConfig>,
     /// How errors look before a route matched (`[errors]`).
     errors: Arc<ErrorShape>,
+    /// The upstreams by name: what a reload carries over from.
+    upstreams: HashMap<String, Arc<Upstream>>,
 }
 
 impl Gateway {
@@ -99,7 +101,7 @@ impl Gateway {
         }
         let runtime =
             Runtime::new(store, metrics, config.server.limits.max_exchanges, &config.store.key_prefix, telemetry);
-        Self::build(config, Arc::new(runtime))
+        Self::build(config, Arc::new(runtime), None)
     }
 
     /// A gateway for a reloaded `config` that keeps this one's runtime (store, metrics,
@@ -107,17 +109,23 @@ impl Gateway {
     /// with, new ones get the new routes and upstreams. (What a reload cannot change is
     /// reported by [`crate::reload`].)
     pub fn rebuild(&self, config: &Config) -> Result<Self, SetupError> {
-        Self::build(config, Arc::clone(&self.runtime))
+        Self::build(config, Arc::clone(&self.runtime), Some(self))
     }
 
-    fn build(config: &Config, runtime: Arc<Runtime>) -> Result<Self, SetupError> {
+    fn build(config: &Config, runtime: Arc<Runtime>, previous: Option<&Gateway>) -> Result<Self, SetupError> {
         let settings = Arc::new(RequestSettings {
             problem_base: config.server.problem_base.clone(),
             body_read_timeout: config.server.limits.body_read_timeout,
         });
         let mut upstreams = HashMap::new();
         for u in &config.upstreams {
-            upstreams.insert(u.name.clone(), Arc::new(Upstream::new(u, Some(&runtime.metrics.instances))?));
+            let upstream = Upstream::new(u, Some(&runtime.metrics.instances))?;
+            // A reload keeps a resolved name's addresses until its own first lookup, rather
+            // than going back to the name for a while (and to new series for each address).
+            if let Some(before) = previous.and_then(|p| p.upstreams.get(&u.name)) {
+                upstream.carry_over(before);
+            }
+            upstreams.insert(u.name.clone(), Arc::new(upstream));
         }
         let mut routes = Vec::with_capacity(config.routes.len());
         for r in &config.routes {
@@ -166,6 +174,7 @@ impl Gateway {
             settings,
             route_configs: config.routes.clone(),
             errors: Arc::clone(&config.errors),
+            upstreams,
         })
     }
 

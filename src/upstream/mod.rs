@@ -297,6 +297,17 @@ impl Upstream {
         }
     }
 
+    /// Takes the addresses `before` (the upstream of the configuration a reload replaces)
+    /// resolved its name to, when both resolve the same name: the new upstream starts at those
+    /// addresses instead of at the name. Nothing otherwise.
+    pub fn carry_over(&self, before: &Upstream) {
+        if let (Members::Resolved(now), Members::Resolved(then)) = (&self.members, &before.members)
+            && self.scheme == before.scheme
+        {
+            now.carry_over(then);
+        }
+    }
+
     fn set(&self) -> Set<'_> {
         match &self.members {
             Members::Fixed(list) => Set::Fixed(list),

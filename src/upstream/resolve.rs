@@ -83,6 +83,17 @@ impl Resolved {
         self.current.load_full()
     }
 
+    /// Starts at the addresses `before` resolved the same name and port to, if it had any.
+    pub(super) fn carry_over(&self, before: &Resolved) {
+        if self.host != before.host || self.port != before.port {
+            return;
+        }
+        let addresses: Vec<SocketAddr> = before.current().iter().filter_map(|i| i.pinned).collect();
+        if !addresses.is_empty() {
+            self.apply(addresses);
+        }
+    }
+
     /// Makes the set one instance per address in `found` (at least one), keeping the
     /// instance of every address that stays.
     fn apply(&self, mut found: Vec<SocketAddr>) -> Change {
@@ -209,13 +220,17 @@ mod tests {
     use super::*;
 
     fn resolved(metrics: &Arc<Instances>) -> Arc<Resolved> {
+        resolved_at(metrics, "orders.internal:3000")
+    }
+
+    fn resolved_at(metrics: &Arc<Instances>, authority: &'static str) -> Arc<Resolved> {
         let template = Template {
             upstream: "orders".into(),
             scheme: Scheme::HTTP,
             tls: crate::outbound::tls_config(crate::outbound::Roots::None).unwrap(),
             connect_timeout: Duration::from_secs(1),
         };
-        let authority = Authority::from_static("orders.internal:3000");
+        let authority = Authority::from_static(authority);
         let first =
             Arc::new(template.instance(authority.clone(), None, Some(metrics.instance("orders", authority.as_str()))));
         Arc::new(Resolved::new(template, first, Duration::from_secs(5), Some(Arc::clone(metrics))))
@@ -273,6 +288,25 @@ mod tests {
         // No address: the set stays.
         assert_eq!(r.apply(Vec::new()), Change::Unchanged);
         assert_eq!(labels(&r), ["10.0.0.6:3000", "10.0.0.7:3000"]);
+    }
+
+    #[test]
+    fn a_reload_starts_at_the_addresses_the_same_name_had_and_keeps_their_series() {
+        let (registry, metrics) = families();
+        let before = resolved(&metrics);
+        before.apply(vec![at("10.0.0.5:3000"), at("10.0.0.6:3000")]);
+        before.current()[0].metrics.as_ref().unwrap().requests.inc();
+        let after = resolved(&metrics);
+        after.carry_over(&before);
+        let elsewhere = resolved_at(&metrics, "payments.internal:3000");
+        elsewhere.carry_over(&before);
+        drop(before);
+        assert_eq!(labels(&after), ["10.0.0.5:3000", "10.0.0.6:3000"]);
+        assert_eq!(labels(&elsewhere), ["payments.internal:3000"], "another name carries nothing over");
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
+        let line = "upstream_instance_requests_total{upstream=\"orders\",instance=\"10.0.0.5:3000\"} 1";
+        assert!(out.contains(line), "the count went on across the reload: {out}");
     }
 
     #[test]
