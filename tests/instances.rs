@@ -178,20 +178,7 @@ async fn a_request_that_was_sent_is_never_sent_to_another_instance() {
     let live = TestUpstream::start().await;
     let urls = [format!("http://{swallower}"), format!("http://{}", live.addr)];
     let gw = TestGateway::start(&config(&urls)).await;
-    let client = gw.client();
-    let mut unknown = Vec::new();
-    for i in 0..24 {
-        let key = format!("sent-{i}");
-        let r = client.post_json("/orders", Some(&key), ORDER).await;
-        match r.status.as_u16() {
-            201 => {}
-            502 => {
-                assert_eq!(r.problem(), "outcome-unknown", "{r:?}");
-                unknown.push(key);
-            }
-            other => panic!("{other}: {r:?}"),
-        }
-    }
+    let unknown = unknown_of_24(&gw, "sent").await;
     // Both instances were chosen; every request the first swallowed stayed unknown and never
     // reached the second.
     let swallowed = *swallowed.lock().unwrap();
@@ -319,6 +306,40 @@ async fn h2_instance(pki: &support::pki::Pki, refuse: bool) -> H2Instance {
     (addr, streams, ran, names)
 }
 
+/// Sends 24 orders keyed `PREFIX-i`, each answered 201 or 502 `outcome-unknown`; the keys
+/// of the latter.
+async fn unknown_of_24(gw: &TestGateway, prefix: &str) -> Vec<String> {
+    let client = gw.client();
+    let mut unknown = Vec::new();
+    for i in 0..24 {
+        let key = format!("{prefix}-{i}");
+        let r = client.post_json("/orders", Some(&key), ORDER).await;
+        match r.status.as_u16() {
+            201 => {}
+            502 => {
+                assert_eq!(r.problem(), "outcome-unknown", "{r:?}");
+                unknown.push(key);
+            }
+            other => panic!("{other}: {r:?}"),
+        }
+    }
+    unknown
+}
+
+/// `toml` trusting the test PKI's CA for its https instances.
+fn with_ca(toml: &str, pki: &support::pki::Pki) -> String {
+    toml.replace("connect_timeout = \"1s\"", &format!("connect_timeout = \"1s\"\nca_file = {:?}", pki.path("ca.pem")))
+}
+
+/// `n` keys ran, each once.
+fn assert_each_ran_once(ran: &Mutex<Vec<String>>, n: usize) {
+    let all = ran.lock().unwrap().clone();
+    let mut distinct = all.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!((distinct.len(), all.len()), (n, n), "{all:?}");
+}
+
 /// An https instance that speaks just enough HTTP/2, frame by frame, to take each request's
 /// HEADERS and answer it with a GOAWAY. With `above`, the GOAWAY's last stream id is below
 /// the request's: the stream was not processed (RFC 9113 §6.8). Otherwise it is the
@@ -409,8 +430,7 @@ async fn a_stream_above_a_goaway_goes_to_another() {
     let pki = support::pki::Pki::new();
     let (leaving, turned_away) = goaway_instance(&pki, true).await;
     let (good, _, good_ran, _) = h2_instance(&pki, false).await;
-    let toml = config(&[format!("https://{leaving}"), format!("https://{good}")])
-        .replace("connect_timeout = \"1s\"", &format!("connect_timeout = \"1s\"\nca_file = {:?}", pki.path("ca.pem")));
+    let toml = with_ca(&config(&[format!("https://{leaving}"), format!("https://{good}")]), &pki);
     let gw = TestGateway::start(&toml).await;
     let client = gw.client();
     for i in 0..20 {
@@ -420,10 +440,7 @@ async fn a_stream_above_a_goaway_goes_to_another() {
     // The leaving instance took streams and answered none; every key ran once, elsewhere.
     let turned_away = turned_away.load(std::sync::atomic::Ordering::SeqCst);
     assert!(turned_away > 0, "the leaving instance was never chosen");
-    let mut ran = good_ran.lock().unwrap().clone();
-    ran.sort();
-    ran.dedup();
-    assert_eq!((ran.len(), good_ran.lock().unwrap().len()), (20, 20));
+    assert_each_ran_once(&good_ran, 20);
     let metrics = metrics(&gw).await;
     let line = format!(
         "idemgate_upstream_instance_failures_total{{upstream=\"app\",instance=\"{leaving}\",kind=\"refused\"}} {turned_away}"
@@ -439,23 +456,9 @@ async fn a_stream_at_or_below_a_goaway_is_never_sent_to_another_instance() {
     let pki = support::pki::Pki::new();
     let (leaving, took) = goaway_instance(&pki, false).await;
     let (good, _, good_ran, _) = h2_instance(&pki, false).await;
-    let toml = config(&[format!("https://{leaving}"), format!("https://{good}")])
-        .replace("connect_timeout = \"1s\"", &format!("connect_timeout = \"1s\"\nca_file = {:?}", pki.path("ca.pem")));
+    let toml = with_ca(&config(&[format!("https://{leaving}"), format!("https://{good}")]), &pki);
     let gw = TestGateway::start(&toml).await;
-    let client = gw.client();
-    let mut unknown = Vec::new();
-    for i in 0..24 {
-        let key = format!("covered-{i}");
-        let r = client.post_json("/orders", Some(&key), ORDER).await;
-        match r.status.as_u16() {
-            201 => {}
-            502 => {
-                assert_eq!(r.problem(), "outcome-unknown", "{r:?}");
-                unknown.push(key);
-            }
-            other => panic!("{other}: {r:?}"),
-        }
-    }
+    let unknown = unknown_of_24(&gw, "covered").await;
     let took = took.load(std::sync::atomic::Ordering::SeqCst);
     assert!(took > 0, "the leaving instance was never chosen");
     assert_eq!(took, unknown.len(), "a request it took was answered by another instance");
@@ -478,8 +481,7 @@ async fn a_stream_an_instance_refused_goes_to_another() {
     let pki = support::pki::Pki::new();
     let (refuser, refused, refuser_ran, _) = h2_instance(&pki, true).await;
     let (good, _, good_ran, _) = h2_instance(&pki, false).await;
-    let toml = config(&[format!("https://{refuser}"), format!("https://{good}")])
-        .replace("connect_timeout = \"1s\"", &format!("connect_timeout = \"1s\"\nca_file = {:?}", pki.path("ca.pem")));
+    let toml = with_ca(&config(&[format!("https://{refuser}"), format!("https://{good}")]), &pki);
     let gw = TestGateway::start(&toml).await;
     let client = gw.client();
     for i in 0..20 {
@@ -490,10 +492,7 @@ async fn a_stream_an_instance_refused_goes_to_another() {
     let refused = refused.load(std::sync::atomic::Ordering::SeqCst);
     assert!(refused > 0, "the refusing instance was never chosen");
     assert!(refuser_ran.lock().unwrap().is_empty());
-    let mut ran = good_ran.lock().unwrap().clone();
-    ran.sort();
-    ran.dedup();
-    assert_eq!((ran.len(), good_ran.lock().unwrap().len()), (20, 20));
+    assert_each_ran_once(&good_ran, 20);
     let metrics = String::from_utf8_lossy(&gw.admin_client().get("/metrics", &[]).await.body).into_owned();
     let line = format!(
         "idemgate_upstream_instance_failures_total{{upstream=\"app\",instance=\"{refuser}\",kind=\"refused\"}} {refused}"
@@ -583,8 +582,7 @@ async fn a_resolved_https_instance_is_connected_by_address_and_verified_by_name(
     let (addr, _, ran, names) = h2_instance(&pki, false).await;
     let port = addr.port();
     let expected = localhost_instances(port).await;
-    let toml = resolved_config(&format!("https://localhost:{port}"))
-        .replace("connect_timeout = \"1s\"", &format!("connect_timeout = \"1s\"\nca_file = {:?}", pki.path("ca.pem")));
+    let toml = with_ca(&resolved_config(&format!("https://localhost:{port}")), &pki);
     let gw = TestGateway::start(&toml).await;
     until_instances(&gw, &expected).await;
     let client = gw.client();
