@@ -1,6 +1,6 @@
 //! Routes by host: exact hosts before wildcards before routes for every host, however the
 //! client spells the host; a request that names two hosts refused; tenants under one
-//! wildcard route never sharing a record.
+//! wildcard route never sharing a record, on one gateway or two racing on one Redis.
 
 use crate::support;
 
@@ -11,7 +11,7 @@ use bytes::Bytes;
 use http::Method;
 use support::client::{Client, DEFAULT_AUTH};
 use support::gateway::{StoreKind, TestGateway};
-use support::upstream::TestUpstream;
+use support::upstream::{Behavior, TestUpstream};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -190,6 +190,44 @@ async fn tenants_under_one_wildcard_route_never_share_a_record() {
         assert_eq!(refused.status, 400);
         gw.shutdown().await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_racing_on_one_key_keep_each_tenant_apart() {
+    // Two gateways on one Redis; each tenant's order sent to both at once, with the same key
+    // and caller: one execution per tenant, whichever gateway won, and the copy that lost
+    // gets its own tenant's answer.
+    let redis = support::redis::RedisServer::shared();
+    let slow = Behavior { delay: Duration::from_millis(200), ..Behavior::default() };
+    let (api, tenants, fallback) =
+        (TestUpstream::start().await, TestUpstream::with(slow).await, TestUpstream::start().await);
+    let toml = config(&StoreKind::Redis(redis.url()), api.addr, tenants.addr, fallback.addr);
+    let (one, two) = (TestGateway::start(&toml).await, TestGateway::start(&toml).await);
+    let (c1, c2) = (one.client(), two.client());
+    for round in 0..5 {
+        let key = format!("race-{round}");
+        let (a1, a2, b1, b2) = tokio::join!(
+            post(&c1, "a.example.com", &key),
+            post(&c2, "a.example.com", &key),
+            post(&c1, "b.example.com", &key),
+            post(&c2, "b.example.com", &key),
+        );
+        for r in [&a1, &a2, &b1, &b2] {
+            assert_eq!(r.status, 201, "{r:?}");
+        }
+        assert_eq!(a1.json()["execution"], a2.json()["execution"], "tenant a ran twice: {a1:?} {a2:?}");
+        assert_eq!(b1.json()["execution"], b2.json()["execution"], "tenant b ran twice: {b1:?} {b2:?}");
+        assert_ne!(a1.json()["execution"], b1.json()["execution"], "one tenant got the other's answer");
+        assert_eq!(tenants.executions(), 2 * (round + 1));
+    }
+    // What reached the upstream: each tenant's host five times, nothing else.
+    let mut hosts: Vec<String> =
+        tenants.seen().iter().map(|s| s.headers["x-forwarded-host"].to_str().unwrap().to_owned()).collect();
+    hosts.sort();
+    assert_eq!(hosts, [vec!["a.example.com".to_owned(); 5], vec!["b.example.com".to_owned(); 5]].concat());
+    assert_eq!(api.executions() + fallback.executions(), 0);
+    one.shutdown().await;
+    two.shutdown().await;
 }
 
 #[tokio::test]
