@@ -33,7 +33,8 @@ const LOOKUP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The instances of a resolved upstream, and what the lookups need.
 pub(super) struct Resolved {
-    /// One instance per address, sorted by address; at least one.
+    /// One instance per address, sorted by address; at least one. One writer at a time:
+    /// `carry_over` before the lookups start, then the lookup task alone.
     current: ArcSwap<Vec<Arc<Instance>>>,
     template: Template,
     /// The configured host, looked up.
