@@ -47,6 +47,13 @@ impl HostPattern {
             ));
         }
         let Some(host) = normalize(name) else {
+            // Clients send an internationalised name in its ASCII form (RFC 5890), and so
+            // must the route name it.
+            if !name.is_ascii() {
+                return Err(format!(
+                    "{text:?} is not ASCII: write an internationalised name in its ASCII form (\"xn--...\"), as clients send it"
+                ));
+            }
             return Err(format!("{text:?} is not a host name (letters, digits, '-', '_' and dots) or an IP address"));
         };
         if host.len() != name.trim_end_matches('.').len() {
@@ -256,6 +263,7 @@ mod tests {
             ("*.com", "top-level"),
             ("*.10.0.0.5", "addresses"),
             ("a..b", "not a host"),
+            ("bücher.example", "ASCII form"),
             ("a b", "not a host"),
         ] {
             let err = HostPattern::parse(bad).unwrap_err();
