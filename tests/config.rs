@@ -354,6 +354,18 @@ fn instance_urls_and_ejection_are_checked_and_each_mistake_explained() {
     assert_issue(&with("urls = [\"http://a:1\", \"https://b:1\"]"), "upstreams.app.urls", "one scheme");
     assert_issue(&with("urls = [\"http://a:1/v1\", \"http://b:1/v2\"]"), "upstreams.app.urls", "same path prefix");
     assert_issue(&with("urls = [\"http://a:1\", \"http://a:1\"]"), "upstreams.app.urls", "listed twice");
+    assert_issue(
+        &with("urls = [\"http://a:80\", \"http://A\"]"),
+        "upstreams.app.urls",
+        "listed twice (as http://a:80/)",
+    );
+    assert_issue(&with("urls = [\"https://a\", \"https://a:443/\"]"), "upstreams.app.urls", "listed twice");
+    let url = "upstreams.app.url";
+    assert_issue(&with("url = \"http://user:pw@a:1\""), url, "carries credentials");
+    assert_issue(&with("url = \"http://a:0\""), url, "from 1 to 65535");
+    assert_issue(&with("url = \"http://a:99999\""), url, "from 1 to 65535");
+    assert_issue(&with("url = \"http://a:1/v1#top\""), url, "query or a fragment");
+    assert_issue(&with("url = \"http://a:1/v1?x=1\""), url, "query or a fragment");
     assert_issue(&with("urls = [\"ftp://a:1\"]"), "upstreams.app.urls", "must start with http:// or https://");
     let many: Vec<String> = (0..65).map(|i| format!("\"http://10.0.0.{i}:3000\"")).collect();
     assert_issue(&with(&format!("urls = [{}]", many.join(", "))), "upstreams.app.urls", "at most 64");

@@ -84,8 +84,8 @@ fn instance_urls(key: &str, s: &file::UpstreamSection, issues: &mut Issues) -> O
                         continue;
                     }
                 }
-                if out.iter().any(|u| u.authority() == url.authority()) {
-                    issues.add(&field, format!("{text:?} is listed twice"));
+                if let Some(same) = out.iter().find(|u| same_instance(u, &url)) {
+                    issues.add(&field, format!("{text:?} is listed twice (as {same})"));
                     continue;
                 }
                 out.push(url);
@@ -130,13 +130,34 @@ fn upstream_url(text: &str) -> Result<Uri, String> {
         Some("http" | "https") => {}
         _ => return Err(format!("{text:?} must start with http:// or https://")),
     }
-    if uri.authority().is_none_or(|a| a.host().is_empty()) {
+    let Some(authority) = uri.authority().filter(|a| !a.host().is_empty()) else {
         return Err(format!("{text:?} has no host"));
+    };
+    // Hazard: credentials in the URL would be neither sent nor kept secret (they show in
+    // logs and metrics labels); the client's own Authorization is what goes upstream.
+    if authority.as_str().contains('@') {
+        return Err(format!(
+            "{text:?} carries credentials (user:password@); leave them out: the client's own Authorization goes upstream"
+        ));
     }
-    if uri.query().is_some() {
-        return Err(format!("{text:?} must not have a query"));
+    // `port_u16` cannot tell a missing port from one past 65535: read what was written.
+    let written = authority.as_str();
+    let port = if written.ends_with(']') { None } else { written.rsplit_once(':').map(|(_, port)| port) };
+    if port.is_some_and(|port| !matches!(port.parse::<u16>(), Ok(1..))) {
+        return Err(format!("{text:?}: the port must be a number from 1 to 65535"));
+    }
+    if uri.query().is_some() || text.contains('#') {
+        return Err(format!("{text:?} must not have a query or a fragment"));
     }
     Ok(uri)
+}
+
+/// Whether two base URLs of one scheme reach the same instance: the same host, in any case,
+/// and the same port, written or implied (`http://a` is `http://a:80`).
+fn same_instance(a: &Uri, b: &Uri) -> bool {
+    let default = if a.scheme() == Some(&http::uri::Scheme::HTTPS) { 443 } else { 80 };
+    let port = |u: &Uri| u.port_u16().unwrap_or(default);
+    a.host().zip(b.host()).is_some_and(|(x, y)| x.eq_ignore_ascii_case(y)) && port(a) == port(b)
 }
 
 pub(super) fn routes(file: &File, errors: &ErrorShape, issues: &mut Issues) -> Vec<RouteConfig> {
