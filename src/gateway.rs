@@ -24,7 +24,7 @@ use crate::config::{Config, RouteConfig};
 use crate::connection::Connection;
 use crate::error::GatewayError;
 use crate::idempotent;
-use crate::metrics::{Metrics, Outcome, Produces};
+use crate::metrics::{Metrics, Outcome, Pins, Produces};
 use crate::path;
 use crate::policy::errors::ErrorShape;
 use crate::policy::{IdempotencyPolicy, Mode, StoreFailurePolicy};
@@ -69,6 +69,11 @@ fn produces(policy: Option<&IdempotencyPolicy>) -> Produces {
         fail_open: p.on_store_error == StoreFailurePolicy::FailOpen,
         reconciles: p.reconcile.is_some(),
         observes: p.mode == Mode::Observe,
+        pinned: Pins {
+            name: p.identity.unpinned.renamed,
+            host: p.identity.hosts != p.identity.unpinned.hosts,
+            fingerprint: p.identity.previous_fingerprint.is_some(),
+        },
     })
 }
 

@@ -146,7 +146,7 @@ pub fn markdown(routes: &[RouteConfig]) -> String {
                 "no: a request without a key is forwarded without protection".into()
             },
         );
-        let scope = if p.per_host { format!("{}, on each host apart", scope(p)) } else { scope(p) };
+        let scope = if p.identity.needs_host() { format!("{}, on each host apart", scope(p)) } else { scope(p) };
         row("scope", scope);
         row("what makes two requests the same", fingerprint(p));
         let renew = if p.renew { "renewed while the request runs" } else { "not renewed" };
@@ -217,7 +217,7 @@ fn policy_json(p: &IdempotencyPolicy) -> Value {
         "max_key_len": p.max_key_len,
         "scope": p.scope.sources().iter().map(|s| s.describe()).collect::<Vec<_>>(),
         "scope_global": matches!(p.scope, ScopeSource::Global),
-        "scope_per_host": p.per_host,
+        "scope_per_host": p.identity.needs_host(),
         "on_missing_scope": match p.on_missing_scope { MissingScope::Reject => "reject", MissingScope::Anonymous => "anonymous" },
         "ignore": p.fingerprint.ignore.iter().map(ToString::to_string).collect::<Vec<_>>(),
         "fingerprint_headers": p.fingerprint.headers.iter().map(|h| h.as_str().to_owned()).collect::<Vec<_>>(),

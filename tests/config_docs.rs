@@ -24,6 +24,12 @@ const TABLES: &[(&str, &str, &str)] = &[
     ("routes", "RouteSection", "[[routes]]"),
     ("routes.idempotency", "IdempotencySection", "[routes.idempotency]"),
     ("routes.idempotency.reconcile", "ReconcileSection", "[routes.idempotency.reconcile]"),
+    ("routes.idempotency.identity", "IdentitySection", "[routes.idempotency.identity]"),
+    (
+        "routes.idempotency.identity.previous_fingerprint",
+        "PreviousFingerprintSection",
+        "[routes.idempotency.identity.previous_fingerprint]",
+    ),
     ("errors", "ErrorsSection", "[errors]"),
     ("errors.*", "ErrorTypeSection", "[errors.TYPE]"),
     // A route's errors take the same keys, documented once with the file's.

@@ -198,13 +198,13 @@ pub(super) fn record_of(
             policy.scope(&caller, host, MissingScope::Anonymous).map_err(|e| e.to_string())?
         }
     };
-    Ok(gw.runtime().record_key(&route.name, &scope, &key))
+    Ok(gw.runtime().record_key(&route.policy.identity.name, &scope, &key))
 }
 
 /// The host a `/keys` call names (`host=`), normalised: required on a route that keeps keys
 /// per host, refused on one that does not (it would name no other record).
 fn on_host(route: &IdempotentRoute, given: Option<&str>) -> Result<Option<String>, String> {
-    match (route.policy.per_host, given) {
+    match (route.policy.identity.needs_host(), given) {
         (true, Some(host)) => match host::normalize(host) {
             Some(host) => Ok(Some(host.into_owned())),
             None => Err(format!("host={host:?} is not a host name or address.")),

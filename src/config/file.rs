@@ -292,6 +292,33 @@ pub struct IdempotencySection {
     pub max_new_keys: Option<String>,
     /// Ask the upstream what became of a request whose outcome is unknown.
     pub reconcile: Option<ReconcileSection>,
+    /// The identity the route's records were made under, pinned across a change.
+    pub identity: Option<IdentitySection>,
+}
+
+/// `[routes.idempotency.identity]`: what names the route's records, when it is not what the
+/// route's own name and hosts would give.
+#[derive(Debug, Default, Deserialize)]
+pub struct IdentitySection {
+    /// The route name the records were made under (a renamed route keeps its records).
+    pub name: Option<String>,
+    /// The host that keeps the names it had when it was the route's one host; every other
+    /// host's records are kept apart.
+    pub host: Option<String>,
+    /// `true`: every host's records apart, even on a route that serves one.
+    pub per_host: Option<bool>,
+    /// The fingerprint settings the records in retention were made under.
+    pub previous_fingerprint: Option<PreviousFingerprintSection>,
+}
+
+/// `[routes.idempotency.identity.previous_fingerprint]`: `ignore` and `fingerprint_headers`
+/// as they were.
+#[derive(Debug, Default, Deserialize)]
+pub struct PreviousFingerprintSection {
+    /// JSON Pointers left out of the fingerprint then.
+    pub ignore: Option<Vec<String>>,
+    /// Request headers included in the fingerprint then.
+    pub fingerprint_headers: Option<Vec<String>>,
 }
 
 /// `[routes.idempotency.reconcile]`

@@ -81,7 +81,7 @@ pub(super) async fn new_key_budget(
     if attempt != Some(1) {
         return None;
     }
-    let budget = QuotaKey::new(rt.key_prefix(), &route.name, scope);
+    let budget = QuotaKey::new(rt.key_prefix(), &route.policy.identity.name, scope);
     match rt.store.count_new_key(&budget, quota.window).await {
         Ok((count, left)) if count > quota.count => Some(GatewayError::TooManyNewKeys { retry_after: left }),
         Ok(_) => None,

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use super::context::Claimed;
 use super::context::{Claimant, Handler};
 use crate::error::GatewayError;
-use crate::metrics::{GaugeHold, ReleaseReason};
+use crate::metrics::{GaugeHold, Pin, ReleaseReason};
 use crate::policy::{IdempotencyPolicy, StoreFailurePolicy};
 use crate::runtime::{IdempotentRoute, Route, Runtime};
 use crate::store::{Claim, Lease, Lifecycle, OwnerToken, RecordKey, Sent, Settled, StoreError, Terms, Watch};
@@ -29,7 +29,7 @@ use crate::store::{Claim, Lease, Lifecycle, OwnerToken, RecordKey, Sent, Settled
 /// its lease runs out and the key can be taken over), never in a polling loop, and holds no
 /// store connection while asleep. The access line gets the store calls as store time and the
 /// rest, from the moment the key was found held, as wait time.
-pub async fn claim(h: &mut Handler<'_>, claimant: &Claimant) -> Tried {
+pub async fn claim(h: &mut Handler<'_>, claimant: &mut Claimant) -> Tried {
     let started = Instant::now();
     let mut spent = Spent::default();
     let reply = claim_or_wait(h.rt, h.route, claimant, &mut spent).await;
@@ -72,13 +72,12 @@ pub fn terms(policy: &IdempotencyPolicy) -> Terms {
 async fn claim_or_wait(
     rt: &Runtime,
     route: &IdempotentRoute,
-    claimant: &Claimant,
+    claimant: &mut Claimant,
     spent: &mut Spent,
 ) -> Result<Claim, StoreError> {
     let (store, policy) = (&*rt.store, &*route.policy);
+    let (first, sent) = once(rt, route, claimant).await;
     let record = &claimant.record;
-    let claim_once = || once(rt, route, claimant);
-    let (first, sent) = claim_once().await;
     let took = sent.elapsed();
     spent.last_sent = Some(sent);
     spent.store += took;
@@ -118,7 +117,7 @@ async fn claim_or_wait(
             watch.changed(deadline.min(now + lease_left)).await;
         }
         watch = Some(store.watch(record));
-        let (next, sent) = claim_once().await;
+        let (next, sent) = call(rt, route, claimant).await;
         let took = sent.elapsed();
         spent.last_sent = Some(sent);
         spent.store += took;
@@ -139,10 +138,32 @@ async fn claim_or_wait(
     }
 }
 
+/// One claim, and when its last call was sent. A request that differs from the record its key
+/// names, on a route that changed its fingerprint settings (`previous_fingerprint`), is
+/// judged once more under the earlier settings: an honest retry of a record made before the
+/// change matches there, and from then on claims under that fingerprint (the one its record
+/// holds). Only a mismatch pays for the second call.
+pub async fn once(
+    rt: &Runtime,
+    route: &IdempotentRoute,
+    claimant: &mut Claimant,
+) -> (Result<Claim, StoreError>, Instant) {
+    let first = call(rt, route, claimant).await;
+    let (Ok(Claim::Mismatch), Some(previous)) = (&first.0, claimant.previous) else { return first };
+    claimant.previous = None;
+    let now = std::mem::replace(&mut claimant.fingerprint, previous);
+    let again = call(rt, route, claimant).await;
+    match again.0 {
+        Ok(Claim::Mismatch) => claimant.fingerprint = now,
+        _ => route.metrics.pin_hit(Pin::Fingerprint),
+    }
+    again
+}
+
 /// One claim call, and when it was sent. Armed while the call is on the wire: if this
 /// future is dropped there, the claim (which Redis may have applied) is released in the
 /// background.
-pub async fn once(rt: &Runtime, route: &IdempotentRoute, claimant: &Claimant) -> (Result<Claim, StoreError>, Instant) {
+async fn call(rt: &Runtime, route: &IdempotentRoute, claimant: &Claimant) -> (Result<Claim, StoreError>, Instant) {
     let terms = terms(&route.policy);
     let (record, owner) = (&claimant.record, claimant.owner);
     let mut guard = Ghost { rt, record, owner, ttl: terms.ttl, armed: true };
@@ -154,7 +175,7 @@ pub async fn once(rt: &Runtime, route: &IdempotentRoute, claimant: &Claimant) ->
 
 /// The claim phase, as a trace shows it: a `claim` span, and a `wait` span for the time a
 /// duplicate waited for the request holding its key. Without tracing, the claim alone.
-pub async fn traced(h: &mut Handler<'_>, claimant: &Claimant) -> Tried {
+pub async fn traced(h: &mut Handler<'_>, claimant: &mut Claimant) -> Tried {
     let Some(span) = h.notes.span.clone() else { return claim(h, claimant).await };
     let waited_before = h.notes.wait;
     let child = span.child("claim");

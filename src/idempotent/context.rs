@@ -40,6 +40,9 @@ pub struct Claimant {
     pub scope: Scope,
     /// What makes it this request.
     pub fingerprint: Fingerprint,
+    /// What made it this request under the route's `previous_fingerprint`, where that differs:
+    /// a retry of a record made before the fingerprint settings changed matches this.
+    pub previous: Option<Fingerprint>,
     /// The owner token of this request's claim, made before the claim call: a claim whose
     /// reply is lost can still be released by its owner.
     pub owner: OwnerToken,

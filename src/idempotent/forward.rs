@@ -271,7 +271,7 @@ impl Trail {
         let Self { key, scope, method, uri, question } = self;
         let record = match &question {
             Some(q) => q.record().clone(),
-            None => rt.record_key(&route.name, &scope, &key),
+            None => rt.record_key(&route.policy.identity.name, &scope, &key),
         };
         let entry = IndexEntry {
             record: record.as_str().to_owned(),
@@ -283,7 +283,7 @@ impl Trail {
         };
         let (rt2, route2) = (Arc::clone(rt), Arc::clone(route));
         tokio::spawn(async move {
-            let index = IndexKey::new(rt2.key_prefix(), &route2.name);
+            let index = IndexKey::new(rt2.key_prefix(), &route2.policy.identity.name);
             if let Err(e) = rt2.store.index(&index, held, &entry, route2.policy.retention).await {
                 tracing::debug!(route = %route2.name, key = record.short(), error = %e, "cannot index a record that needs an operator");
             }

@@ -13,7 +13,9 @@ use super::context::Claimant;
 use crate::body;
 use crate::error::GatewayError;
 use crate::host;
-use crate::policy::fingerprint;
+use crate::metrics::Pin;
+use crate::policy::fingerprint::{self, Fingerprint};
+use crate::policy::identity::PinHit;
 use crate::policy::key::KeyError;
 use crate::runtime::{IdempotentRoute, Runtime};
 use crate::store::OwnerToken;
@@ -55,13 +57,33 @@ pub async fn identify(
     if let Some(name) = &policy.attempt_header {
         parts.headers.remove(name);
     }
-    let host = policy.per_host.then(|| host::of_head(&parts.uri, &parts.headers)).flatten();
+    let host = policy.identity.needs_host().then(|| host::of_head(&parts.uri, &parts.headers)).flatten();
     let scope = policy.scope(&parts.headers, host.as_deref(), policy.on_missing_scope)?;
+    count_pin(route, host.as_deref());
     drop(host);
     let body =
         body::read_bounded(&parts.headers, body, policy.max_request_body, route.settings.body_read_timeout).await?;
-    let fingerprint = fingerprint::compute(&route.name, &policy.fingerprint, &parts, &body);
-    let record = rt.record_key(&route.name, &scope, &key);
-    let claimant = Claimant { record, key, scope, fingerprint, owner: OwnerToken::generate() };
+    let (fingerprint, previous) = fingerprints(route, &parts, &body);
+    let record = rt.record_key(&policy.identity.name, &scope, &key);
+    let claimant = Claimant { record, key, scope, fingerprint, previous, owner: OwnerToken::generate() };
     Ok(Identity::Keyed(Identified { parts, body, claimant }))
+}
+
+/// Counts a request whose record name a pin of the route's identity decides.
+pub(super) fn count_pin(route: &IdempotentRoute, host: Option<&str>) {
+    match route.policy.identity.pin_hit(host) {
+        Some(PinHit::Name) => route.metrics.pin_hit(Pin::Name),
+        Some(PinHit::Host) => route.metrics.pin_hit(Pin::Host),
+        None => {}
+    }
+}
+
+/// The request's fingerprint under the route's identity, and under its previous fingerprint
+/// settings where it has some that tell this request apart otherwise.
+pub(super) fn fingerprints(route: &IdempotentRoute, parts: &Parts, body: &[u8]) -> (Fingerprint, Option<Fingerprint>) {
+    let identity = &route.policy.identity;
+    let now = fingerprint::compute(&identity.name, &route.policy.fingerprint, parts, body);
+    let previous =
+        identity.previous_fingerprint.as_ref().map(|spec| fingerprint::compute(&identity.name, spec, parts, body));
+    (now, previous.filter(|previous| *previous != now))
 }

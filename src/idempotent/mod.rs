@@ -59,7 +59,7 @@ pub use self::observe::observe;
 /// Serves one request on an idempotent route.
 pub async fn handle(mut h: Handler<'_>, request: Request<Incoming>) -> Result<Served, GatewayError> {
     let (rt, route) = (h.rt, h.route);
-    let Identified { parts, body, claimant } = match identify::identify(rt, route, request).await? {
+    let Identified { parts, body, mut claimant } = match identify::identify(rt, route, request).await? {
         Identity::Keyed(identified) => identified,
         Identity::Unkeyed(request) => {
             let response = proxy::send(&route.upstream, request.map(body::boxed), h.connection).await?;
@@ -68,7 +68,7 @@ pub async fn handle(mut h: Handler<'_>, request: Request<Incoming>) -> Result<Se
     };
     h.notes.record = Some(claimant.record.short().to_owned());
 
-    let mut tried = claim::traced(&mut h, &claimant).await;
+    let mut tried = claim::traced(&mut h, &mut claimant).await;
     // An unknown outcome on a route that reconciles: ask the upstream (once per request).
     let mut reconciled = false;
     if let Ok(Claim::Unknown { .. }) = tried.reply
@@ -110,7 +110,7 @@ pub async fn handle(mut h: Handler<'_>, request: Request<Incoming>) -> Result<Se
             }
             reconcile::Asked::Changed => {
                 reconciled = true;
-                tried = claim::traced(&mut h, &claimant).await;
+                tried = claim::traced(&mut h, &mut claimant).await;
             }
         }
     }

@@ -350,7 +350,7 @@ async fn ask(
     route.metrics.reconciled(result);
     if matches!(result, Reconciliation::Found | Reconciliation::NotFound) {
         // Best effort: a stale entry is dropped when the index is read.
-        let _ = rt.store.unindex(&IndexKey::new(rt.key_prefix(), &route.name), &question.record).await;
+        let _ = rt.store.unindex(&IndexKey::new(rt.key_prefix(), &route.policy.identity.name), &question.record).await;
     }
     asked
 }

@@ -219,6 +219,38 @@ impl EncodeLabelValue for Would {
     }
 }
 
+/// Which pin of a route's identity named a request's record (`idemgate_identity_pin_hits_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Pin {
+    /// The route name its records were made under (`identity.name`).
+    Name,
+    /// The host naming its records were made under (`identity.host`, `identity.per_host`).
+    Host,
+    /// A retry matched its record only under `identity.previous_fingerprint`.
+    Fingerprint,
+}
+
+impl Label for Pin {
+    const ALL: &'static [Self] = &[Self::Name, Self::Host, Self::Fingerprint];
+    fn index(self) -> usize {
+        match self {
+            Self::Name => 0,
+            Self::Host => 1,
+            Self::Fingerprint => 2,
+        }
+    }
+}
+
+impl EncodeLabelValue for Pin {
+    fn encode(&self, encoder: &mut LabelValueEncoder<'_>) -> Result<(), std::fmt::Error> {
+        encoder.write_str(match self {
+            Self::Name => "name",
+            Self::Host => "host",
+            Self::Fingerprint => "fingerprint",
+        })
+    }
+}
+
 /// Why a claim was released instead of settled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ReleaseReason {

@@ -21,9 +21,9 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 pub use self::instance::{InstanceMetrics, Instances};
-pub use self::labels::{Outcome, Reconciliation, ReleaseReason, UPSTREAM_CLASSES, Would, status_class};
+pub use self::labels::{Outcome, Pin, Reconciliation, ReleaseReason, UPSTREAM_CLASSES, Would, status_class};
 use self::route::PerLabel;
-pub use self::route::{Produces, RouteMetrics};
+pub use self::route::{Pins, Produces, RouteMetrics};
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct RouteOutcome {
@@ -52,6 +52,12 @@ struct RouteResult {
 struct RouteWould {
     route: String,
     would: Would,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct RoutePin {
+    route: String,
+    pin: Pin,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -144,6 +150,7 @@ pub struct Metrics {
     not_stored: Family<RouteLabel, Counter>,
     reconciliations: Family<RouteResult, Counter>,
     observed: Family<RouteWould, Counter>,
+    pin_hits: Family<RoutePin, Counter>,
     unknown_records: Family<RouteLabel, Gauge>,
     request_seconds: Family<RouteOutcome, Histogram>,
     upstream_seconds: Family<RouteClass, Histogram>,
@@ -213,6 +220,12 @@ impl Default for Metrics {
             "Requests on routes in observe mode, by what enforcement would have done (first, would_replay, would_conflict, would_reject_reuse, missing_key, ...)",
             observed.clone(),
         );
+        let pin_hits = Family::default();
+        registry.register(
+            "identity_pin_hits",
+            "Keyed requests whose record was named by a pin of the route's identity (name, host) or matched only under its previous fingerprint: a pin can go once this stays 0 for a retention",
+            pin_hits.clone(),
+        );
         let unknown_records = Family::default();
         registry.register(
             "unknown_records",
@@ -263,6 +276,7 @@ impl Default for Metrics {
             not_stored,
             reconciliations,
             observed,
+            pin_hits,
             unknown_records,
         }
     }
@@ -327,6 +341,10 @@ impl Metrics {
             observed: PerLabel::new(|would| {
                 let label = RouteWould { route: route.to_owned(), would };
                 if produces.observes { self.observed.get_or_create(&label).clone() } else { Counter::default() }
+            }),
+            pin_hits: PerLabel::new(|pin| {
+                let label = RoutePin { route: route.to_owned(), pin };
+                if produces.pins(pin) { self.pin_hits.get_or_create(&label).clone() } else { Counter::default() }
             }),
             request_seconds: PerLabel::new(|outcome| {
                 let label = RouteOutcome { route: route.to_owned(), outcome };
@@ -491,6 +509,7 @@ mod tests {
         fail_open: false,
         reconciles: false,
         observes: false,
+        pinned: Pins { name: false, host: false, fingerprint: false },
     };
 
     /// A route shows a zero series for every label set it can produce, and none it cannot:

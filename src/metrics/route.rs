@@ -7,7 +7,7 @@ use std::time::Duration;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::histogram::Histogram;
 
-use super::labels::{Label, Outcome, Reconciliation, ReleaseReason, Would};
+use super::labels::{Label, Outcome, Pin, Reconciliation, ReleaseReason, Would};
 use super::{LatencyQuantiles, QUANTILE_MIN_SAMPLES};
 
 /// One metric per value of a label, found by [`Label::index`].
@@ -50,12 +50,41 @@ pub struct Produces {
     /// It only observes (`mode = "observe"`): it forwards everything and counts what
     /// enforcement would have done.
     pub observes: bool,
+    /// Which pins its identity has (`[routes.idempotency.identity]`).
+    pub pinned: Pins,
+}
+
+/// Which parts of a route's identity are pinned.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Pins {
+    /// Its name.
+    pub name: bool,
+    /// Its host naming.
+    pub host: bool,
+    /// A previous fingerprint.
+    pub fingerprint: bool,
 }
 
 impl Produces {
     /// A route without idempotency.
-    pub const PLAIN: Self =
-        Self { idempotent: false, keyless: true, quota: false, fail_open: false, reconciles: false, observes: false };
+    pub const PLAIN: Self = Self {
+        idempotent: false,
+        keyless: true,
+        quota: false,
+        fail_open: false,
+        reconciles: false,
+        observes: false,
+        pinned: Pins { name: false, host: false, fingerprint: false },
+    };
+
+    /// Whether the route's identity has `pin`.
+    pub fn pins(self, pin: Pin) -> bool {
+        match pin {
+            Pin::Name => self.pinned.name,
+            Pin::Host => self.pinned.host,
+            Pin::Fingerprint => self.pinned.fingerprint,
+        }
+    }
 
     /// Whether the route can end a request with `outcome`.
     pub fn outcome(self, outcome: Outcome) -> bool {
@@ -88,6 +117,7 @@ pub struct RouteMetrics {
     pub(super) not_stored: Counter,
     pub(super) reconciliations: PerLabel<Reconciliation>,
     pub(super) observed: PerLabel<Would>,
+    pub(super) pin_hits: PerLabel<Pin>,
     pub(super) request_seconds: PerLabel<Outcome, Histogram>,
     /// One histogram per status class, resolved once: no label lookup per request.
     pub(super) upstream_seconds: Vec<(&'static str, Histogram)>,
@@ -146,6 +176,11 @@ impl RouteMetrics {
     /// The counter of `would`, for a count made later (at the end of a streamed answer).
     pub fn observed_counter(&self, would: Would) -> Counter {
         self.observed.get(would).clone()
+    }
+
+    /// Counts a request whose record a pin of the route's identity named (or matched).
+    pub fn pin_hit(&self, pin: Pin) {
+        self.pin_hits.get(pin).inc();
     }
 
     /// Counts a response delivered but not stored.

@@ -46,7 +46,7 @@ pub(crate) struct Keys<'a> {
 impl<'a> Keys<'a> {
     /// The keys of `route`, for an operator calling from `by`.
     pub fn new(rt: &'a Runtime, route: &'a IdempotentRoute, by: IpAddr) -> Self {
-        Self { rt, route, index: IndexKey::new(rt.key_prefix(), &route.name), by }
+        Self { rt, route, index: IndexKey::new(rt.key_prefix(), &route.policy.identity.name), by }
     }
 
     /// What the store holds for `record`.
@@ -137,7 +137,7 @@ impl<'a> Keys<'a> {
 
     /// How many of `route`'s records are unknown, as its index has them (for the gauge).
     pub async fn count_unknown(rt: &Runtime, route: &IdempotentRoute) -> Result<u64, StoreError> {
-        rt.store.count(&IndexKey::new(rt.key_prefix(), &route.name), State::Unknown).await
+        rt.store.count(&IndexKey::new(rt.key_prefix(), &route.policy.identity.name), State::Unknown).await
     }
 
     fn audit(&self, action: &'static str, record: &RecordKey, before: Option<State>, result: &str) {

@@ -4,7 +4,8 @@
 //!
 //! - [`key`]: the `Idempotency-Key` header, as the IETF draft spells it;
 //! - [`scope`]: whose key it is (the caller, from authentication, never from the body);
-//! - [`fingerprint`]: what makes two requests the same request.
+//! - [`fingerprint`]: what makes two requests the same request;
+//! - [`identity`]: what names the route's records, kept across configuration changes.
 //!
 //! These are what a route promises its clients (`idemgate policy` publishes them), so they
 //! live apart from the request path that applies them: the configuration builds them, the
@@ -12,6 +13,7 @@
 
 pub mod errors;
 pub mod fingerprint;
+pub mod identity;
 pub mod key;
 pub mod reconcile;
 pub mod scope;
@@ -21,6 +23,7 @@ use std::time::Duration;
 use http::{HeaderMap, HeaderName, StatusCode};
 
 use self::fingerprint::FingerprintSpec;
+use self::identity::Identity;
 use self::key::{IdempotencyKey, KeyError};
 use self::reconcile::Reconcile;
 use self::scope::{MissingScope, Scope, ScopeMissing, ScopeSource};
@@ -39,9 +42,10 @@ pub struct IdempotencyPolicy {
     pub max_key_len: usize,
     /// Whose key space a request belongs to.
     pub scope: ScopeSource,
-    /// Whether the request's host is part of that key space: on a route that serves several
-    /// hosts (or a wildcard), tenants under one route never share records.
-    pub per_host: bool,
+    /// What names the route's records: the route name they are made under and whether the
+    /// request's host is part of the key space (on a route that serves several hosts, or a
+    /// wildcard, tenants under one route never share records).
+    pub identity: Identity,
     /// What a keyed request without its scope gets.
     pub on_missing_scope: MissingScope,
     /// What besides method, path, query and body goes into the fingerprint.
@@ -163,13 +167,11 @@ impl IdempotencyPolicy {
         key::extract(headers, &self.header, self.max_key_len)
     }
 
-    /// The caller's scope, read from this route's sources, on `host` when the route keeps
-    /// records per host; `missing` says what a request without one of them gets (the route's
+    /// The caller's scope, read from this route's sources, on `host` where the route keeps
+    /// hosts apart; `missing` says what a request without one of them gets (the route's
     /// `on_missing_scope` on the request path).
     pub fn scope(&self, headers: &HeaderMap, host: Option<&str>, missing: MissingScope) -> Result<Scope, ScopeMissing> {
-        let scope = scope::derive(&self.scope, missing, headers)?;
-        // A route with hosts matches only requests that name one: `None` is not reached.
-        Ok(if self.per_host { scope.within_host(host.unwrap_or("")) } else { scope })
+        Ok(self.identity.scope(scope::derive(&self.scope, missing, headers)?, host))
     }
 
     /// How long an in-progress record may live in the store at most: long enough for the

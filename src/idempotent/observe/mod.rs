@@ -31,13 +31,12 @@ use hyper::body::Incoming;
 use super::answer::Served;
 use super::claim;
 use super::context::{Claimant, Claimed, Handler};
-use super::{admit, settle};
+use super::{admit, identify, settle};
 use crate::body::{self, Body, Readout, Unread};
 use crate::check;
 use crate::error::GatewayError;
 use crate::host;
 use crate::metrics::{Outcome, Would};
-use crate::policy::fingerprint;
 use crate::proxy;
 use crate::runtime::{IdempotentRoute, Runtime};
 use crate::store::{Claim, Lease, OwnerToken, StoredResponse};
@@ -45,7 +44,7 @@ use crate::store::{Claim, Lease, OwnerToken, StoredResponse};
 /// Serves one request on a route in observe mode.
 pub async fn observe(mut h: Handler<'_>, request: Request<Incoming>) -> Result<Served, GatewayError> {
     let (rt, route) = (h.rt, h.route);
-    let Keyed { parts, body, claimant } = match classify(rt, route, request).await {
+    let Keyed { parts, body, mut claimant } = match classify(rt, route, request).await {
         Classified::Keyed(keyed) => keyed,
         Classified::Unobserved(would, request) => {
             counted(&mut h, would);
@@ -55,7 +54,7 @@ pub async fn observe(mut h: Handler<'_>, request: Request<Incoming>) -> Result<S
     h.notes.record = Some(claimant.record.short().to_owned());
 
     let span = h.notes.span.as_ref().map(|s| s.child("claim"));
-    let (reply, sent) = claim::once(rt, route, &claimant).await;
+    let (reply, sent) = claim::once(rt, route, &mut claimant).await;
     h.notes.store += sent.elapsed();
     if let Some(span) = span {
         span.end(reply.as_ref().err().map(ToString::to_string));
@@ -121,10 +120,11 @@ async fn classify(rt: &Runtime, route: &IdempotentRoute, request: Request<Incomi
     if check::keyed(request.headers(), policy).is_err() {
         return unobserved(Would::UnsafeHeaders, request);
     }
-    let host = policy.per_host.then(|| host::of_head(request.uri(), request.headers())).flatten();
+    let host = policy.identity.needs_host().then(|| host::of_head(request.uri(), request.headers())).flatten();
     let Ok(scope) = policy.scope(request.headers(), host.as_deref(), policy.on_missing_scope) else {
         return unobserved(Would::MissingScope, request);
     };
+    identify::count_pin(route, host.as_deref());
     drop(host);
     let (parts, incoming) = request.into_parts();
     let deadline = route.settings.body_read_timeout;
@@ -139,12 +139,12 @@ async fn classify(rt: &Runtime, route: &IdempotentRoute, request: Request<Incomi
     // send), so that a retry after the switch matches its first request.
     let mut fingerprinted = parts;
     let attempt = policy.attempt_header.as_ref().and_then(|name| fingerprinted.headers.remove(name));
-    let fingerprint = fingerprint::compute(&route.name, &policy.fingerprint, &fingerprinted, &body);
+    let (fingerprint, previous) = identify::fingerprints(route, &fingerprinted, &body);
     if let (Some(name), Some(value)) = (&policy.attempt_header, attempt) {
         fingerprinted.headers.insert(name.clone(), value);
     }
-    let record = rt.record_key(&route.name, &scope, &key);
-    let claimant = Claimant { record, key, scope, fingerprint, owner: OwnerToken::generate() };
+    let record = rt.record_key(&policy.identity.name, &scope, &key);
+    let claimant = Claimant { record, key, scope, fingerprint, previous, owner: OwnerToken::generate() };
     Classified::Keyed(Keyed { parts: fingerprinted, body, claimant })
 }
 

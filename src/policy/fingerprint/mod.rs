@@ -33,7 +33,7 @@ use sha2::{Digest, Sha256};
 const VERSION: &[u8] = b"idemgate-fingerprint-v2";
 
 /// What a route feeds into its fingerprints besides method, path, query and body.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FingerprintSpec {
     /// Body fields left out (volatile fields such as client timestamps).
     pub ignore: Vec<JsonPointer>,
