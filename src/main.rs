@@ -44,6 +44,9 @@ is logged and the running configuration stays.
 Examples:
   idemgate --config gateway.toml            serve
   idemgate check --config gateway.toml      validate a file, as before a reload
+  idemgate check --config new.toml --running gateway.toml
+                                            and say what it does to the records the running
+                                            file made (a reload refuses what would rename them)
   idemgate keys list --config gateway.toml --route create-order";
 
 /// The file a command reads.
@@ -54,10 +57,25 @@ struct FileArgs {
     config: Option<PathBuf>,
 }
 
+/// What `check` reads.
+#[derive(Args)]
+struct CheckArgs {
+    /// Path of the configuration file [default: gateway.toml].
+    #[arg(long, short, value_name = "PATH")]
+    config: Option<PathBuf>,
+    /// The configuration that runs now: also say, per route, what changing to --config does
+    /// to the records in retention, and fail if it would rename them (as a reload refuses).
+    #[arg(long, value_name = "PATH")]
+    running: Option<PathBuf>,
+    /// With --running: print that comparison as JSON on stdout.
+    #[arg(long, requires = "running")]
+    json: bool,
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Validate the configuration and exit: 0 when valid, 1 with every problem listed.
-    Check(FileArgs),
+    Check(CheckArgs),
     /// Print the idempotency policy of every route as Markdown, for the API's clients.
     Policy(FileArgs),
     /// List, show, resolve or release idempotency records through the admin listener.
@@ -78,7 +96,7 @@ fn main() -> ExitCode {
             if cli.log_format.is_some() {
                 refuse("check", "prints what it finds and logs nothing: --log-format is for serving");
             }
-            check(&file(args.config))
+            check(&file(args.config), args.running.as_deref(), args.json)
         }
         Some(Command::Policy(args)) => {
             if cli.log_format.is_some() {
@@ -152,7 +170,7 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-fn check(path: &std::path::Path) -> ExitCode {
+fn check(path: &std::path::Path, running: Option<&std::path::Path>, json: bool) -> ExitCode {
     let config = match Config::load(path) {
         Ok(c) => c,
         Err(e) => {
@@ -189,6 +207,9 @@ fn check(path: &std::path::Path) -> ExitCode {
             );
         }
     }
+    if let Some(running) = running {
+        return compare(running, path, &config, json);
+    }
     let idempotent = config.routes.iter().filter(|r| r.idempotency.is_some()).count();
     println!(
         "{}: ok: routes {} ({} idempotent), upstreams {}",
@@ -198,6 +219,39 @@ fn check(path: &std::path::Path) -> ExitCode {
         config.upstreams.len()
     );
     ExitCode::SUCCESS
+}
+
+/// `check --running`: what changing from the running file to `path` does to the records in
+/// retention, per route; exit 1 when a reload would refuse it.
+fn compare(running: &std::path::Path, path: &std::path::Path, next: &Config, json: bool) -> ExitCode {
+    let before = match Config::load(running) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("--running: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let comparison = idemgate::config::change::compare(&before, next);
+    if json {
+        println!("{}", comparison.to_json());
+    } else {
+        for line in comparison.lines() {
+            println!("{}: {line}", path.display());
+        }
+    }
+    if comparison.is_safe() {
+        if !json {
+            println!("{}: ok: records in retention keep their names against {}", path.display(), running.display());
+        }
+        ExitCode::SUCCESS
+    } else {
+        eprintln!(
+            "{}: refused: the change would rename records in retention or turn their retries into 422 (a reload \
+             refuses it too); see Safe: above",
+            path.display()
+        );
+        ExitCode::FAILURE
+    }
 }
 
 fn serve(path: &std::path::Path, log_format: Option<LogFormat>) -> ExitCode {

@@ -9,6 +9,11 @@
 //! connection limits, trusted proxies, the admin token, threads, logging — cannot change
 //! under a running process; such changes are reported as needing a restart, and the running
 //! values stay.
+//!
+//! A file that would rename the records in retention (a route's identity, its host split,
+//! its scope) or turn honest retries into 422 (its fingerprint settings) is refused: see
+//! [`crate::config::change`]. The comparison is with the configuration that runs, so a chain
+//! of reloads cannot walk records away one harmless-looking step at a time.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -17,6 +22,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use thiserror::Error;
 
+use crate::config::change::{self, Comparison, Verdict};
 use crate::config::{Config, ConfigError, Limits, ListenerTls};
 use crate::gateway::{Gateway, SetupError};
 
@@ -30,8 +36,9 @@ pub struct Live {
     started: Config,
     /// Where to read a reloaded configuration from; none for a gateway built in memory.
     source: Option<PathBuf>,
-    /// One reload at a time.
-    reloading: Mutex<()>,
+    /// The configuration that runs, what a reload is compared with; its lock makes one
+    /// reload at a time.
+    running: Mutex<Config>,
 }
 
 /// What a reload did.
@@ -53,13 +60,17 @@ pub enum ReloadError {
     /// The new routes or upstreams could not be set up.
     #[error(transparent)]
     Setup(#[from] SetupError),
+    /// The file would rename records in retention, or turn their retries into 422.
+    #[error("the new file would change what records in retention are named by: {}", .0.lines_of(Verdict::Refused).join("; "))]
+    Identity(Comparison),
 }
 
 impl Live {
     /// The gateway built from `started`, reloadable from `source`.
     pub fn new(gateway: Gateway, started: Config, source: Option<PathBuf>) -> Self {
         let tls = started.server.tls.as_ref().map(|tls| ArcSwap::from_pointee(tls.clone()));
-        Self { gateway: ArcSwap::from_pointee(gateway), tls, started, source, reloading: Mutex::new(()) }
+        let running = Mutex::new(started.clone());
+        Self { gateway: ArcSwap::from_pointee(gateway), tls, started, source, running }
     }
 
     /// The proxy listener's TLS of the moment (its certificates), if the listener uses TLS.
@@ -74,11 +85,15 @@ impl Live {
 
     /// Reads the file again and, if it is valid, swaps in a gateway built from it.
     pub fn reload(&self) -> Result<Reloaded, ReloadError> {
-        let _one = self.reloading.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut running = self.running.lock().unwrap_or_else(PoisonError::into_inner);
         let source = self.source.as_ref().ok_or(ReloadError::NoSource)?;
         // Loading reads the listener's certificate and key again: a bad pair refuses the
         // whole reload here, before anything changes.
         let config = Config::load(source)?;
+        let comparison = change::compare(&running, &config);
+        if !comparison.is_safe() {
+            return Err(ReloadError::Identity(comparison));
+        }
         let next = self.gateway.load().rebuild(&config)?;
         self.gateway.store(Arc::new(next));
         if let (Some(current), Some(tls)) = (&self.tls, &config.server.tls) {
@@ -90,7 +105,11 @@ impl Live {
         }
         // A plain string reads the same in both log formats (`?` of a Vec logs `"[]"`).
         let restart = if needs_restart.is_empty() { "none".to_owned() } else { needs_restart.join(", ") };
+        for line in comparison.lines_of(Verdict::Said) {
+            tracing::warn!("{line}");
+        }
         tracing::info!(routes = config.routes.len(), needs_restart = %restart, "configuration reloaded");
+        *running = config;
         Ok(Reloaded { needs_restart })
     }
 }

@@ -329,13 +329,13 @@ fn hosts_are_checked_and_each_mistake_explained() {
     // The record's identity: per host on several hosts or a wildcard, as before on one.
     let per_host = |list: &str| {
         let config = Config::from_toml(&hosts(list), "t").unwrap();
-        config.routes[0].idempotency.as_ref().unwrap().per_host
+        config.routes[0].idempotency.as_ref().unwrap().identity.needs_host()
     };
     assert!(!per_host("[\"api.example.com\"]"));
     assert!(per_host("[\"api.example.com\", \"eu.example.com\"]"));
     assert!(per_host("[\"*.example.com\"]"));
     let config = Config::from_toml(MINIMAL, "t").unwrap();
-    assert!(!config.routes[0].idempotency.as_ref().unwrap().per_host);
+    assert!(!config.routes[0].idempotency.as_ref().unwrap().identity.needs_host());
 }
 
 #[test]
@@ -690,4 +690,86 @@ fn mode_is_enforce_or_observe_and_observing_without_an_admin_listener_is_warned_
         .replace("listen = \"127.0.0.1:8080\"", "listen = \"127.0.0.1:8080\"\nadmin_listen = \"127.0.0.1:9090\"");
     let (ok, _, stderr) = check(&with_admin);
     assert!(ok && !stderr.contains("idempotency.mode"), "{stderr}");
+}
+
+/// `[routes.idempotency.identity]`: a pin names what a route's records were made under, and
+/// never lets two tenants or two routes share records.
+#[test]
+fn identity_pins_are_checked_and_never_merge_tenants() {
+    let route = |hosts: &str, identity: &str| {
+        MINIMAL.replace("path = \"/orders\"", &format!("hosts = {hosts}\npath = \"/orders\""))
+            + "[routes.idempotency.identity]\n"
+            + identity
+    };
+    let two = "[\"t1.example.com\", \"t2.example.com\"]";
+    assert!(Config::from_toml(&route(two, "host = \"t1.example.com\""), "t").is_ok());
+    assert!(Config::from_toml(&route("[\"*.example.com\"]", "host = \"T1.example.com.\""), "t").is_ok());
+    assert!(Config::from_toml(&route("[\"t1.example.com\"]", "per_host = true\nname = \"orders\""), "t").is_ok());
+    assert_issue(&route(two, "host = \"t3.example.com\""), "routes[0].idempotency.identity.host", "not a host");
+    assert_issue(&route(two, "host = \"*.example.com\""), "routes[0].idempotency.identity.host", "exact host");
+    assert_issue(&route(two, "per_host = false"), "routes[0].idempotency.identity.per_host", "share records");
+    assert_issue(
+        &route(two, "per_host = false\nhost = \"t1.example.com\""),
+        "routes[0].idempotency.identity.per_host",
+        "contradicts",
+    );
+    assert_issue(&route(two, "name = \"bad name\""), "routes[0].idempotency.identity.name", "A-Z a-z");
+    assert_issue(
+        &route(two, "[routes.idempotency.identity.previous_fingerprint]\nignore = []"),
+        "routes[0].idempotency.identity.previous_fingerprint",
+        "the route's own",
+    );
+    assert_issue(
+        &route(two, "[routes.idempotency.identity.previous_fingerprint]\nignore = [\"ts\"]"),
+        "routes[0].idempotency.identity.previous_fingerprint.ignore",
+        "",
+    );
+    assert_issue(&route(two, "colour = \"red\""), "routes[0].idempotency.identity.colour", "");
+    // Two routes never share an identity: a pin onto another route's name is refused.
+    let twins = MINIMAL.to_owned()
+        + "[[routes]]\nname = \"create-v2\"\nmethods = [\"PUT\"]\npath = \"/orders\"\nupstream = \"app\"\n\
+           [routes.idempotency]\n[routes.idempotency.identity]\nname = \"create\"\n";
+    assert_issue(&twins, "routes[1].idempotency.identity.name", "already names the records of route \"create\"");
+}
+
+/// `check --running OLD --config NEW`: per route, what the change does to records in
+/// retention; exit 1 when a reload would refuse it, with the pin that keeps them.
+#[test]
+fn check_compares_the_running_file_with_the_next() {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: &str| {
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let one =
+        write("one.toml", &MINIMAL.replace("path = \"/orders\"", "hosts = [\"t1.example.com\"]\npath = \"/orders\""));
+    let two_hosts =
+        MINIMAL.replace("path = \"/orders\"", "hosts = [\"t1.example.com\", \"t2.example.com\"]\npath = \"/orders\"");
+    let unpinned = write("unpinned.toml", &two_hosts);
+    let pinned = write("pinned.toml", &(two_hosts + "[routes.idempotency.identity]\nhost = \"t1.example.com\"\n"));
+    let check = |next: &std::path::Path, json: bool| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_idemgate"));
+        cmd.arg("check").arg("--config").arg(next).arg("--running").arg(&one);
+        if json {
+            cmd.arg("--json");
+        }
+        let out = cmd.output().unwrap();
+        (out.status.code(), String::from_utf8_lossy(&out.stdout).into_owned())
+    };
+    let (code, text) = check(&unpinned, false);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("route \"create\": hosts: refused:") && text.contains("host = \"t1.example.com\""), "{text}");
+    let (code, text) = check(&unpinned, true);
+    assert_eq!(code, Some(1));
+    let json: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(json["safe"], false);
+    assert_eq!(json["findings"][0]["setting"], "hosts");
+    assert_eq!(json["findings"][0]["verdict"], "refused");
+    let (code, text) = check(&pinned, false);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("hosts: kept:") && text.contains("ok: records in retention keep their names"), "{text}");
+    // --json needs --running.
+    let out = Command::new(env!("CARGO_BIN_EXE_idemgate")).args(["check", "--json"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
 }

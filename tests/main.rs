@@ -21,6 +21,7 @@ mod error_shapes;
 mod gateway;
 mod hardening;
 mod hosts;
+mod identity;
 mod instances;
 mod keys_cli;
 mod kubernetes;

@@ -6,8 +6,11 @@
 //! Loading has three layers: [`file`] is the schema as written (serde, unknown keys denied),
 //! [`units`] parses durations and sizes, and [`validate`] checks every value and builds the
 //! runtime types the request path uses. Every error names the file, the key and the reason,
-//! and validation reports all problems at once rather than the first one only.
+//! and validation reports all problems at once rather than the first one only. [`change`]
+//! compares two valid configurations: what the next one does to the records the running one
+//! made.
 
+pub mod change;
 mod defaults;
 mod file;
 mod redis_url;
