@@ -7,6 +7,7 @@
 //! here.
 
 mod errors;
+mod identity;
 mod routes;
 mod server;
 mod store;

@@ -15,16 +15,18 @@
 //!
 //! Matching an old route to a new one goes by identity (the name its records are made under),
 //! then by route name, then by path: a route renamed without a pin is found by its path and
-//! refused, with the pin that keeps its records.
+//! refused, with the pin that keeps its records. How hosts split names is compared in
+//! [`hosts`].
+
+mod hosts;
 
 use std::fmt::Write as _;
 
 use serde_json::{Value, json};
 
-use super::{Config, HostPattern, RouteConfig};
+use super::{Config, RouteConfig};
 use crate::policy::IdempotencyPolicy;
 use crate::policy::fingerprint::FingerprintSpec;
-use crate::policy::identity::HostNames;
 
 /// What one change does to records in retention.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,11 +125,11 @@ impl Comparison {
         json!({ "safe": self.is_safe(), "findings": findings })
     }
 
-    fn add(&mut self, route: Option<&str>, setting: &'static str, verdict: Verdict, records: String) {
+    pub(super) fn add(&mut self, route: Option<&str>, setting: &'static str, verdict: Verdict, records: String) {
         self.findings.push(Finding { route: route.map(str::to_owned), setting, verdict, records, remedy: None });
     }
 
-    fn refuse(&mut self, route: &str, setting: &'static str, records: String, remedy: String) {
+    pub(super) fn refuse(&mut self, route: &str, setting: &'static str, records: String, remedy: String) {
         self.findings.push(Finding {
             route: Some(route.to_owned()),
             setting,
@@ -279,7 +281,7 @@ fn settings(
     (n, np): (&RouteConfig, &IdempotencyPolicy),
 ) {
     let retention = words(op.retention);
-    hosts(out, (o, op), (n, np));
+    hosts::compare(out, (o, op), (n, np));
     if op.scope != np.scope {
         let sources = |p: &IdempotencyPolicy| {
             let list: Vec<String> = p.scope.sources().iter().map(|s| s.describe()).collect();
@@ -345,105 +347,6 @@ fn settings(
     }
 }
 
-/// How each host the two routes both serve is named before and after.
-fn hosts(
-    out: &mut Comparison,
-    (o, op): (&RouteConfig, &IdempotencyPolicy),
-    (n, np): (&RouteConfig, &IdempotencyPolicy),
-) {
-    let (was, now) = (&op.identity.hosts, &np.identity.hosts);
-    let mut split = Vec::new(); // shared before, apart now
-    let mut joined = Vec::new(); // apart before, shared now
-    for (host, shown) in probes(&o.hosts, &n.hosts) {
-        if !(serves(&o.hosts, &host) && serves(&n.hosts, &host)) {
-            continue;
-        }
-        match (was.apart(&host), now.apart(&host)) {
-            (false, true) => split.push(shown),
-            (true, false) => joined.push(shown),
-            _ => {}
-        }
-    }
-    let retention = words(op.retention);
-    if let Some(first) = split.first() {
-        let hosts = split.join(", ");
-        if matches!(now, HostNames::ApartExcept(_)) {
-            // One host keeps the shared names; the others shared them with it before, and
-            // keeping them too would merge tenants from now on.
-            out.add(
-                Some(&n.name),
-                "hosts",
-                Verdict::Said,
-                format!(
-                    "{hosts} shared one key space with the kept host before and each gets its own now: their retries \
-                     of requests answered in the last {retention} run again (keeping them would merge tenants)"
-                ),
-            );
-        } else {
-            out.refuse(
-                &n.name,
-                "hosts",
-                format!(
-                    "records of {hosts} were named without the host and would be named per host: retries of requests \
-                     answered there in the last {retention} would run again"
-                ),
-                if first.starts_with('*') || first.starts_with("every") {
-                    "a route's identity keeps at most one exact host's names: name it in [routes.idempotency.identity] \
-                     host = \"...\"; the others' records start apart."
-                        .to_owned()
-                } else {
-                    format!("keep them with [routes.idempotency.identity] host = {first:?} on route {:?}.", n.name)
-                },
-            );
-        }
-    }
-    if !joined.is_empty() {
-        out.refuse(
-            &n.name,
-            "hosts",
-            format!(
-                "records of {} were kept per host and would share one key space: retries of requests answered there \
-                 in the last {retention} would run again",
-                joined.join(", ")
-            ),
-            format!("keep hosts apart with [routes.idempotency.identity] per_host = true on route {:?}.", n.name),
-        );
-    }
-    if split.is_empty() && joined.is_empty() && was != now {
-        out.add(
-            Some(&n.name),
-            "hosts",
-            Verdict::Kept,
-            format!("{}; no record in retention is renamed", now.describe()),
-        );
-    }
-}
-
-/// One host per exact name either route lists, one that stands for each wildcard, and one for
-/// every other host when either route serves every host; each with how it is shown.
-fn probes(a: &[HostPattern], b: &[HostPattern]) -> Vec<(String, String)> {
-    let mut out: Vec<(String, String)> = Vec::new();
-    for pattern in a.iter().chain(b) {
-        let probe = match pattern {
-            HostPattern::Exact(name) => (name.clone(), name.clone()),
-            // No exact host is written with this first label.
-            HostPattern::Wildcard(suffix) => (format!("0--any{suffix}"), format!("*{suffix}")),
-        };
-        if !out.contains(&probe) {
-            out.push(probe);
-        }
-    }
-    if a.is_empty() || b.is_empty() {
-        out.push(("0--any.invalid".into(), "every other host".into()));
-    }
-    out
-}
-
-/// Whether a route with `hosts` serves `host`.
-fn serves(hosts: &[HostPattern], host: &str) -> bool {
-    hosts.is_empty() || hosts.iter().any(|h| h.matches(host))
-}
-
 fn spec_words(spec: &FingerprintSpec) -> String {
     let ignore: Vec<String> = spec.ignore.iter().map(ToString::to_string).collect();
     let headers: Vec<&str> = spec.headers.iter().map(http::HeaderName::as_str).collect();
@@ -460,7 +363,7 @@ fn spec_toml(spec: &FingerprintSpec) -> String {
 }
 
 /// A duration as the configuration writes it (`24h`, `10m`, `30s`, `1500ms`).
-fn words(d: std::time::Duration) -> String {
+pub(super) fn words(d: std::time::Duration) -> String {
     let ms = d.as_millis();
     match ms {
         _ if ms.is_multiple_of(3_600_000) => format!("{}h", ms / 3_600_000),
