@@ -586,6 +586,67 @@ async fn a_key_a_running_request_holds_is_released_only_by_force_and_every_chang
     }
 }
 
+/// docs/security.md, "an admin parameter given twice": `force=false&force=true` released a
+/// running key (the last value won) while a retry then ran it a second time. A parameter
+/// named twice, given empty, or unknown to `/keys` is 400 `admin-bad-request` naming it,
+/// before any record is read: the key stays held and the retry waits for the first run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_parameter_given_twice_or_empty_is_refused_and_the_key_stays_held() {
+    let upstream = TestUpstream::with(Behavior { delay: Duration::from_millis(1500), ..Behavior::default() }).await;
+    let gw = start(upstream.addr, &format!("admin_token = \"{TOKEN}\""), "wait = \"5s\"");
+    let client = gw.client();
+    let first = tokio::spawn({
+        let client = client.clone();
+        async move { client.post_json("/orders", Some("twice"), ORDER).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let admin = Client::new(gw.admin);
+    let bearer = format!("Bearer {TOKEN}");
+    let headers = [("authorization", bearer.as_str()), ("scope-authorization", DEFAULT_AUTH)];
+    let refusals = [
+        (Method::DELETE, "route=orders&key=twice&force=false&force=true", "force is given 2 times"),
+        (Method::DELETE, "route=orders&key=twice&force=true&force=true", "force is given 2 times"),
+        (Method::DELETE, "route=orders&key=twice&force=", "force is given empty"),
+        (Method::DELETE, "route=orders&key=twice&force", "force is given empty"),
+        (Method::DELETE, "route=orders&key=twice&key=other&force=true", "key is given 2 times"),
+        (Method::DELETE, "route=orders&key=twice&ro%75te=orders&force=true", "route is given 2 times"),
+        (Method::DELETE, "route=orders&key=twice&Force=true", "\"Force\" is not a parameter of /keys"),
+        (Method::DELETE, "route=orders&key=twice&scope-hash=00", "\"scope-hash\" is not a parameter of /keys"),
+        (Method::GET, "route=orders&route=other&key=twice", "route is given 2 times"),
+        (Method::GET, "route=orders&key=", "key is given empty"),
+        (Method::GET, "route=&key=twice", "route is given empty"),
+        (Method::GET, "route=orders&key=twice&host=", "host is given empty"),
+        (Method::GET, "route=orders&key=twice&scope_hash=", "scope_hash is given empty"),
+        (Method::GET, "route=orders&state=unknown&state=executed", "state is given 2 times"),
+        (Method::GET, "route=orders&state=unknown&limit=1&limit=1000", "limit is given 2 times"),
+        (Method::GET, "route=orders&state=unknown&cursor=a&cursor=b", "cursor is given 2 times"),
+        (Method::GET, "route=orders&state=", "state is given empty"),
+        (Method::PUT, "route=orders&key=twice&key=twice", "key is given 2 times"),
+    ];
+    for (method, query, named) in refusals {
+        let r = admin.send(method.clone(), &format!("/keys?{query}"), &headers, "").await;
+        assert_eq!(
+            (r.status.as_u16(), r.problem().as_str()),
+            (400, "admin-bad-request"),
+            "{method} {query}: {:?}",
+            r.body
+        );
+        let detail = r.json()["detail"].as_str().unwrap_or_default().to_owned();
+        assert!(detail.contains(named), "{method} {query}: {detail}");
+    }
+    let held = admin.send(Method::GET, "/keys?route=orders&key=twice", &headers, "").await;
+    assert_eq!(held.json()["state"], "in_progress", "still held: {:?}", held.body);
+    // A retry meanwhile waits for the running request and gets its answer.
+    let retry = client.post_json("/orders", Some("twice"), ORDER).await;
+    assert_eq!(first.await.unwrap().status, 201);
+    assert!(retry.is_replay(), "the retry waited for the running request: {:?}", retry.body);
+    assert_eq!(upstream.executions(), 1, "executed once");
+    // An empty cursor still starts a listing from the beginning, as it always has.
+    let listed = admin.send(Method::GET, "/keys?route=orders&state=unknown&cursor=", &headers, "").await;
+    assert_eq!(listed.status, 200, "{:?}", listed.body);
+    assert!(!gw.log().contains("operator changed a key"), "nothing was changed: {}", gw.log());
+}
+
 /// docs/security.md, "admin input that is the client's fault reported as a store outage": a
 /// cursor no listing handed out is 400, and a command the store refuses (here a record name
 /// holding a key of another type) is logged as a refusal, never as the store going down;

@@ -348,6 +348,9 @@ fn release_sends_force_only_when_asked_and_prints_a_refusal() {
     assert!(run.stdout.contains("released (was in_progress)"), "{run:?}");
     let forced: Vec<Option<String>> = admin.requests().iter().map(|r| r.param("force")).collect();
     assert_eq!(forced, [None, Some("true".to_owned())]);
+    // The admin listener refuses a parameter given twice: each is sent once.
+    let last = admin.requests().pop().unwrap();
+    assert_eq!(last.query(), format!("route=orders&key=k1&scope_hash={SCOPE_HASH}&force=true"));
 }
 
 // ---- List: paging, table, JSON ----

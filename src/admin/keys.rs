@@ -36,8 +36,17 @@ pub(super) struct KeysQuery {
     force: Option<String>,
 }
 
+/// The parameters `/keys` takes, as its refusals list them (`scope` is read only to be refused
+/// in words of its own).
+const PARAMETERS: [&str; 8] = ["route", "key", "scope_hash", "host", "state", "cursor", "limit", "force"];
+
 impl KeysQuery {
-    fn parse(query: &str) -> Self {
+    /// Reads a query, refusing what could be read two ways: a parameter named twice (the
+    /// last one used to win, so `force=false&force=true` forced a release), one given empty
+    /// where it needs a value, and one `/keys` does not take (a misspelt `scope_hash` named
+    /// another caller's record without a word). Names are compared decoded, as they are read:
+    /// `ro%75te` is `route`. The error names the parameter, bounded and escaped.
+    fn parse(query: &str) -> Result<Self, String> {
         let mut q = Self::default();
         for (k, v) in form_urlencoded::parse(query.as_bytes()) {
             let slot = match &*k {
@@ -50,18 +59,39 @@ impl KeysQuery {
                 "cursor" => &mut q.cursor,
                 "limit" => &mut q.limit,
                 "force" => &mut q.force,
-                _ => continue,
+                other => {
+                    let other: String = other.chars().take(64).collect();
+                    return Err(format!(
+                        "{other:?} is not a parameter of /keys, which takes {}. Nothing changed.",
+                        PARAMETERS.join(", ")
+                    ));
+                }
             };
+            if slot.is_some() {
+                let times = form_urlencoded::parse(query.as_bytes()).filter(|(name, _)| *name == k).count();
+                return Err(format!(
+                    "{k} is given {times} times: give each parameter once; the gateway never picks one of \
+                     several values. Nothing changed."
+                ));
+            }
+            // An empty cursor is the start of a listing, as it has always been (a script's first
+            // call with an empty variable); the scope is refused in every form, by its own words.
+            if v.is_empty() && !matches!(&*k, "cursor" | "scope") {
+                return Err(format!("{k} is given empty: it needs a value, or leave it out. Nothing changed."));
+            }
             *slot = Some(v.into_owned());
         }
-        q
+        Ok(q)
     }
 }
 
 pub(super) async fn keys(gw: &Gateway, peer: IpAddr, request: Request<Incoming>) -> Response<Body> {
     let (parts, body) = request.into_parts();
-    let query = KeysQuery::parse(parts.uri.query().unwrap_or(""));
     let bad = |detail: &str| problem(gw, StatusCode::BAD_REQUEST, "admin-bad-request", "Bad request", detail);
+    let query = match KeysQuery::parse(parts.uri.query().unwrap_or("")) {
+        Ok(query) => query,
+        Err(detail) => return bad(&detail),
+    };
     let Some(route_name) = &query.route else {
         return bad("Give route as a query parameter, and key (one record) or state (a list).");
     };
@@ -320,4 +350,36 @@ pub(super) fn store_failed(gw: &Gateway, e: StoreError) -> Response<Body> {
         "Idempotency store unavailable",
         "The store did not answer.",
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_query_that_reads_two_ways_is_refused_naming_the_parameter() {
+        let refused = |query: &str| KeysQuery::parse(query).err().unwrap_or_else(|| panic!("{query} was taken"));
+        assert!(refused("route=a&key=k&force=false&force=true").starts_with("force is given 2 times"));
+        assert!(refused("route=a&ro%75te=b").starts_with("route is given 2 times"), "decoded names compare");
+        assert!(refused("route=a&route=a").starts_with("route is given 2 times"), "even with one value");
+        for empty in ["route=", "route=a&key=", "route=a&key=k&force", "route=a&state=", "route=a&limit="] {
+            let name = empty.rsplit('&').next().unwrap_or_default().trim_end_matches('=');
+            assert!(refused(empty).starts_with(&format!("{name} is given empty")), "{empty}");
+        }
+        let unknown = refused("route=a&key=k&scope-hash=00");
+        assert!(unknown.starts_with("\"scope-hash\" is not a parameter of /keys, which takes route, key"), "{unknown}");
+        let hostile = refused(&format!("{}=1", "%1B".repeat(100)));
+        assert!(!hostile.contains('\u{1b}') && hostile.matches("\\u{1b}").count() == 64, "{hostile}");
+    }
+
+    #[test]
+    fn a_query_that_reads_one_way_is_taken() {
+        let q = KeysQuery::parse("route=a&key=k&scope_hash=00&host=h&force=true").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((q.route.as_deref(), q.key.as_deref(), q.force.as_deref()), (Some("a"), Some("k"), Some("true")));
+        let q = KeysQuery::parse("route=a&state=unknown&cursor=&limit=5").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(q.cursor.as_deref(), Some(""), "an empty cursor starts the listing, as before");
+        let q = KeysQuery::parse("route=a&key=k&scope=").unwrap_or_else(|e| panic!("{e}"));
+        assert!(q.scope.is_some(), "refused later, in its own words");
+        assert!(KeysQuery::parse("").is_ok_and(|q| q.route.is_none()));
+    }
 }
