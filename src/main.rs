@@ -18,7 +18,7 @@ use tracing_subscriber::fmt::writer::BoxMakeWriter;
 
 #[path = "cli/keys/mod.rs"]
 mod keys;
-#[path = "cli/report.rs"]
+#[path = "cli/report/mod.rs"]
 mod report;
 
 /// An idempotency gateway: a reverse proxy that runs each keyed request upstream once.

@@ -404,6 +404,76 @@ async fn the_report_sums_what_the_gateways_observed() {
     assert!(err.contains("no idemgate metric"), "{err}");
 }
 
+/// A listener on port 0 that answers every request with `body` as `/metrics` would: the
+/// answer of a gateway that lies, or of something else at that address.
+fn fake_metrics(body: String) -> String {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().map_while(Result::ok) {
+            let mut head = Vec::new();
+            let mut byte = [0u8; 1];
+            while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).is_ok_and(|n| n == 1) {
+                head.push(byte[0]);
+            }
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = stream.write_all(answer.as_bytes());
+        }
+    });
+    url
+}
+
+/// `idemgate report` reads `/metrics` as hostile input (the issue's answers): a route label
+/// holding a newline and an ESC is printed escaped, never as a line of its own; a sum past
+/// 2^64 and a series given twice in one answer are refused, naming the series, as is a count
+/// that is not a whole number.
+#[test]
+fn the_report_reads_metrics_as_hostile_input() {
+    let forged = "idemgate_observed_total{route=\"pay\\nroute payments: observing, 0 requests\u{1b}[2J\",\
+                  would=\"first\"} 5\n";
+    let (code, out, err) = report(&["--admin", &fake_metrics(forged.to_owned())]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!out.contains('\u{1b}'), "an ESC reached the terminal: {out:?}");
+    assert!(!out.lines().any(|l| l.starts_with("route payments")), "a forged line: {out}");
+    assert!(out.contains(r"route pay\nroute payments: observing, 0 requests\u{1b}[2J: observing, 5 requests"), "{out}");
+    // The --route a reader asks for is matched as it is, and the names listed are escaped.
+    let (code, _, err) = report(&["--admin", &fake_metrics(forged.to_owned()), "--route", "x"]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(!err.contains('\u{1b}') && err.lines().count() == 1, "{err:?}");
+
+    let max = (1u64 << 53) - 1;
+    // The issue's answer: one series 2049 times (it summed past 2^64 and wrapped).
+    let repeated = format!("idemgate_observed_total{{route=\"pay\",would=\"first\"}} {max}\n").repeat(2049);
+    // The same sum from 2049 different series: each is whole, their sum is not a u64.
+    let spread: String = (0..2049)
+        .map(|i| format!("idemgate_observed_total{{route=\"pay\",would=\"first\",instance=\"{i}\"}} {max}\n"))
+        .collect();
+    let twice = "idemgate_requests_total{route=\"pay\",outcome=\"executed\"} 5\n\
+                 idemgate_requests_total{outcome=\"executed\",route=\"pay\"} 5\n";
+    let series = r#"idemgate_observed_total{route="pay",would="first"}"#;
+    let cases = [
+        (repeated, format!("{series} is given twice")),
+        (spread, "idemgate_observed_total{instance=\"2048\",route=\"pay\",would=\"first\"}: the sum".to_owned()),
+        (twice.to_owned(), r#"idemgate_requests_total{outcome="executed",route="pay"} is given twice"#.to_owned()),
+        (format!("{series} NaN\n"), format!("{series}: NaN is not a count")),
+        (format!("{series} +Inf\n"), format!("{series}: +Inf is not a count")),
+        (format!("{series} -3\n"), format!("{series}: -3 is not a count")),
+        (format!("{series} 1.5\n"), format!("{series}: 1.5 is not a count")),
+        (format!("{series} 1e\n"), format!("{series}: 1e is not a count")),
+        ("idemgate_observed_total{route=\"pay\",would=\"first} 5\n".to_owned(), "cannot be read".to_owned()),
+    ];
+    for (answer, named) in cases {
+        let (code, out, err) = report(&["--admin", &fake_metrics(answer)]);
+        assert_eq!(code, Some(1), "{named}: {out}{err}");
+        assert!(err.contains(&named), "{named}: {err}");
+        assert!(out.is_empty(), "nothing printed from an answer refused: {out}");
+    }
+}
+
 /// A caller past `max_new_keys` on an observing route: answered as ever, counted as
 /// `would_throttle`, and its claim given back, so that one caller cannot fill the store.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

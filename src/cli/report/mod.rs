@@ -9,7 +9,12 @@
 //! requests, which says when its clients are ready for `required = true`. The counts run
 //! from each gateway's start; docs/operations.md gives the PromQL for time windows.
 //!
+//! What a gateway answers is read as hostile input ([`exposition`]): every label printed is
+//! escaped, every sum checked, a series given twice refused.
+//!
 //! Exit status: 0 done, 1 a gateway could not be read, 2 unusable input.
+
+mod exposition;
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -18,8 +23,13 @@ use std::process::ExitCode;
 use clap::Args;
 use serde_json::{Value, json};
 
+use self::exposition::{Series, escaped};
 use crate::keys::client::{AdminClient, AdminUrl, parse_admin_url, problem_line};
 use crate::keys::failure::Failure;
+
+/// The counters the report reads, and the label each is counted by besides `route`.
+const OBSERVED_TOTAL: &str = "idemgate_observed_total";
+const REQUESTS_TOTAL: &str = "idemgate_requests_total";
 
 /// The `report` command line.
 #[derive(Args)]
@@ -101,10 +111,10 @@ fn execute(args: &ReportArgs) -> Result<String, Failure> {
             .map_err(|_| Failure::Failed(format!("{url}/metrics is not text: is {url} an admin listener?")))?;
         counts.add(text).map_err(|e| Failure::Failed(format!("{url}/metrics: {e}")))?;
     }
-    let mut routes = counts.routes();
+    let mut routes = counts.routes().map_err(Failure::Failed)?;
     if let Some(only) = &args.route {
         if !routes.contains_key(only.as_str()) {
-            let known: Vec<&str> = routes.keys().map(String::as_str).collect();
+            let known: Vec<String> = routes.keys().map(|name| escaped(name)).collect();
             return Err(Failure::Failed(format!(
                 "no idempotent route {only:?} in the gateways' counters (they have: {})",
                 if known.is_empty() { "none".to_owned() } else { known.join(", ") }
@@ -127,7 +137,7 @@ struct Counts {
 
 /// One route's part of the report.
 enum Route<'a> {
-    Observing(&'a BTreeMap<String, u64>),
+    Observing(&'a BTreeMap<String, u64>, Summary),
     /// An enforcing route: its requests in all, and those that passed without a key.
     Enforcing {
         requests: u64,
@@ -136,48 +146,60 @@ enum Route<'a> {
 }
 
 impl Counts {
-    /// Adds one gateway's `/metrics` (Prometheus text format).
+    /// Adds one gateway's `/metrics` (Prometheus text format), refusing it whole when it is
+    /// not what a gateway writes (see [`exposition`]) or a sum would pass 2^64 - 1.
     fn add(&mut self, text: &str) -> Result<(), String> {
         // Every gateway exports some (`idemgate_unmatched_requests_total` at least).
         if !text.lines().any(|l| l.starts_with("idemgate_")) {
             return Err("no idemgate metric in the answer: is this a gateway's admin listener?".into());
         }
-        for line in text.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty()) {
-            let Some(sample) = Sample::parse(line) else { continue };
-            let into = match sample.name {
-                "idemgate_observed_total" => &mut self.observed,
-                "idemgate_requests_total" => &mut self.requests,
-                _ => continue,
+        for sample in exposition::read(text, &[OBSERVED_TOTAL, REQUESTS_TOTAL])? {
+            let series = &sample.series;
+            let (into, label) = if series.name() == OBSERVED_TOTAL {
+                (&mut self.observed, "would")
+            } else {
+                (&mut self.requests, "outcome")
             };
-            let label = if sample.name == "idemgate_observed_total" { "would" } else { "outcome" };
-            let (Some(route), Some(value)) = (sample.label("route"), sample.label(label)) else {
-                return Err(format!("a sample without its labels: {line}"));
+            let (Some(route), Some(value)) = (series.label("route"), series.label(label)) else {
+                return Err(format!("{series}: a sample without its route and {label} labels"));
             };
-            // Counters are whole numbers; a float that is not one is a sign of another exporter.
-            if !(sample.value >= 0.0 && sample.value.fract() == 0.0 && sample.value < 2f64.powi(53)) {
-                return Err(format!("not a count: {line}"));
-            }
-            *into.entry(route).or_default().entry(value).or_default() += sample.value as u64;
+            let sum = into.entry(route.to_owned()).or_default().entry(value.to_owned()).or_default();
+            // Unchecked, 2049 counts of 2^53 - 1 wrapped and printed as a small number.
+            *sum = sum.checked_add(sample.value).ok_or_else(|| {
+                format!("{series}: the sum of its route's {label} counts passes 2^64 - 1, which no gateway counts to")
+            })?;
         }
         Ok(())
     }
 
     /// Every idempotent route: observing ones (with observed counts), and enforcing ones (with
-    /// an `executed` series, which only an idempotent route has).
-    fn routes(&self) -> BTreeMap<String, Route<'_>> {
+    /// an `executed` series, which only an idempotent route has). A sum past 2^64 - 1 is
+    /// refused, naming the route's series.
+    fn routes(&self) -> Result<BTreeMap<String, Route<'_>>, String> {
         let mut out = BTreeMap::new();
         for (name, outcomes) in &self.requests {
             if outcomes.contains_key("executed") {
-                let requests = outcomes.values().sum();
+                let requests = checked_sum(outcomes.values().copied())
+                    .ok_or_else(|| too_large(REQUESTS_TOTAL, name, "its outcomes"))?;
                 let keyless = outcomes.get("passed_through").copied().unwrap_or(0);
                 out.insert(name.clone(), Route::Enforcing { requests, keyless });
             }
         }
         for (name, observed) in &self.observed {
-            out.insert(name.clone(), Route::Observing(observed));
+            let summary = summary(observed).ok_or_else(|| too_large(OBSERVED_TOTAL, name, "what it observed"))?;
+            out.insert(name.clone(), Route::Observing(observed, summary));
         }
-        out
+        Ok(out)
     }
+}
+
+fn checked_sum(counts: impl IntoIterator<Item = u64>) -> Option<u64> {
+    counts.into_iter().try_fold(0u64, u64::checked_add)
+}
+
+fn too_large(metric: &str, route: &str, what: &str) -> String {
+    let series = Series::named(metric, &[("route", route)]);
+    format!("{series}: the sum of {what} passes 2^64 - 1, which no gateway counts to")
 }
 
 /// What an observing route's counts add up to.
@@ -188,25 +210,26 @@ struct Summary {
     keyless: u64,
 }
 
-fn summary(observed: &BTreeMap<String, u64>) -> Summary {
+/// What `observed` adds up to; `None` when a sum passes 2^64 - 1.
+fn summary(observed: &BTreeMap<String, u64>) -> Option<Summary> {
     let n = |label: &str| observed.get(label).copied().unwrap_or(0);
-    Summary {
-        requests: OBSERVED.iter().map(|(label, _)| n(label)).sum(),
-        saved: n("would_replay") + n("would_conflict") + n("would_answer_unknown"),
-        refused: [
-            "would_reject_reuse",
-            "would_throttle",
-            "malformed_key",
-            "missing_scope",
-            "unsafe_headers",
-            "too_large",
-            "unread_body",
-        ]
-        .iter()
-        .map(|label| n(label))
-        .sum(),
+    Some(Summary {
+        requests: checked_sum(OBSERVED.iter().map(|(label, _)| n(label)))?,
+        saved: checked_sum(["would_replay", "would_conflict", "would_answer_unknown"].map(n))?,
+        refused: checked_sum(
+            [
+                "would_reject_reuse",
+                "would_throttle",
+                "malformed_key",
+                "missing_scope",
+                "unsafe_headers",
+                "too_large",
+                "unread_body",
+            ]
+            .map(n),
+        )?,
         keyless: n("missing_key"),
-    }
+    })
 }
 
 fn share(part: u64, whole: u64) -> f64 {
@@ -222,9 +245,9 @@ fn text_report(routes: &BTreeMap<String, Route<'_>>, gateways: usize) -> String 
     }
     for (name, route) in routes {
         match route {
-            Route::Observing(observed) => {
-                let s = summary(observed);
-                let _ = writeln!(out, "\nroute {name}: observing, {} requests", s.requests);
+            // The name as the answer gave it, escaped: a newline in it printed a line of its own.
+            Route::Observing(observed, s) => {
+                let _ = writeln!(out, "\nroute {}: observing, {} requests", escaped(name), s.requests);
                 for (label, meaning) in OBSERVED.iter().chain(ALSO) {
                     let count = observed.get(*label).copied().unwrap_or(0);
                     let _ = writeln!(out, "  {count:>10}  {label:<22} {meaning}");
@@ -245,7 +268,7 @@ fn text_report(routes: &BTreeMap<String, Route<'_>>, gateways: usize) -> String 
                 );
             }
             Route::Enforcing { requests, keyless } => {
-                let _ = writeln!(out, "\nroute {name}: enforcing, {requests} requests");
+                let _ = writeln!(out, "\nroute {}: enforcing, {requests} requests", escaped(name));
                 let _ = writeln!(
                     out,
                     "  without a key: {keyless} ({:.1}%){}",
@@ -262,8 +285,8 @@ fn json_report(routes: &BTreeMap<String, Route<'_>>, gateways: usize) -> String 
     let routes: Vec<Value> = routes
         .iter()
         .map(|(name, route)| match route {
-            Route::Observing(observed) => {
-                let s = summary(observed);
+            // JSON escapes control characters itself; the name stays the answer's, for scripts.
+            Route::Observing(observed, s) => {
                 let counts: serde_json::Map<String, Value> = OBSERVED
                     .iter()
                     .chain(ALSO)
@@ -294,60 +317,6 @@ fn json_report(routes: &BTreeMap<String, Route<'_>>, gateways: usize) -> String 
     text
 }
 
-/// One sample of the Prometheus text format: `name{label="value",...} value [timestamp]`.
-struct Sample<'a> {
-    name: &'a str,
-    labels: Vec<(&'a str, String)>,
-    value: f64,
-}
-
-impl<'a> Sample<'a> {
-    fn parse(line: &'a str) -> Option<Self> {
-        let (name, rest) = match line.find(['{', ' ']) {
-            Some(i) => line.split_at(i),
-            None => return None,
-        };
-        let mut labels = Vec::new();
-        let mut rest = rest;
-        if let Some(mut inside) = rest.strip_prefix('{') {
-            loop {
-                inside = inside.trim_start_matches([',', ' ']);
-                if let Some(after) = inside.strip_prefix('}') {
-                    rest = after;
-                    break;
-                }
-                let (label, after) = inside.split_once("=\"")?;
-                let (value, after) = unescape(after)?;
-                labels.push((label.trim(), value));
-                inside = after;
-            }
-        }
-        let value = rest.split_whitespace().next()?.parse().ok()?;
-        Some(Self { name, labels, value })
-    }
-
-    fn label(&self, name: &str) -> Option<String> {
-        self.labels.iter().find(|(n, _)| *n == name).map(|(_, v)| v.clone())
-    }
-}
-
-/// A label value up to its closing quote (`\\`, `\"` and `\n` unescaped), and what follows.
-fn unescape(text: &str) -> Option<(String, &str)> {
-    let mut out = String::new();
-    let mut chars = text.char_indices();
-    while let Some((i, c)) = chars.next() {
-        match c {
-            '"' => return Some((out, &text[i + 1..])),
-            '\\' => match chars.next()?.1 {
-                'n' => out.push('\n'),
-                other => out.push(other),
-            },
-            c => out.push(c),
-        }
-    }
-    None
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -367,26 +336,13 @@ idemgate_store_commands_total 12
 "#;
 
     #[test]
-    fn samples_parse_with_their_labels() {
-        let s = Sample::parse(r#"idemgate_observed_total{route="a\"b",would="first"} 3 1700000000"#).unwrap();
-        assert_eq!((s.name, s.value), ("idemgate_observed_total", 3.0));
-        assert_eq!(s.label("route").as_deref(), Some("a\"b"));
-        let s = Sample::parse("idemgate_store_commands_total 12").unwrap();
-        assert_eq!((s.name, s.labels.len(), s.value), ("idemgate_store_commands_total", 0, 12.0));
-        for bad in ["", "x{route=\"a} 1", "x{route=\"a\"}", "x{route} 1", "x 1e"] {
-            assert!(Sample::parse(bad).is_none(), "{bad:?}");
-        }
-    }
-
-    #[test]
     fn two_gateways_are_summed_and_each_route_reported_as_it_runs() {
         let mut counts = Counts::default();
         counts.add(ONE).unwrap();
         counts.add(ONE).unwrap();
-        let routes = counts.routes();
+        let routes = counts.routes().unwrap();
         assert_eq!(routes.keys().collect::<Vec<_>>(), ["orders", "pay"], "a plain route is not reported");
-        let Route::Observing(observed) = &routes["orders"] else { panic!("orders observes") };
-        let s = summary(observed);
+        let Route::Observing(_, s) = &routes["orders"] else { panic!("orders observes") };
         assert_eq!((s.requests, s.saved, s.keyless), (200, 18, 2));
         let doc: Value = serde_json::from_str(&json_report(&routes, 2)).unwrap();
         assert_eq!(doc["routes"][0]["observed"]["answer_differed"], 6);
@@ -401,7 +357,62 @@ idemgate_store_commands_total 12
         let mut counts = Counts::default();
         assert!(counts.add("{\"order_id\":1}").is_err(), "not a gateway's metrics");
         assert!(counts.add("idemgate_observed_total{route=\"r\",would=\"first\"} 1.5").is_err());
-        assert!(counts.add("idemgate_observed_total{would=\"first\"} 1").is_err());
+        let e = counts.add("idemgate_observed_total{would=\"first\"} 1").unwrap_err();
+        assert_eq!(e, "idemgate_observed_total{would=\"first\"}: a sample without its route and would labels");
         assert!(counts.add("idemgate_observed_total{route=\"r\",would=\"first\"} -1").is_err());
+    }
+
+    /// Each count is below 2^53, and their sums are checked: over the gateways, over a
+    /// route's outcomes, and in what an observing route adds up to.
+    #[test]
+    fn a_sum_past_what_a_u64_holds_is_refused_naming_its_series() {
+        let max = (1u64 << 53) - 1;
+        let mut counts = Counts::default();
+        let one = format!("idemgate_observed_total{{route=\"r\",would=\"first\"}} {max}\n");
+        for _ in 0..2048 {
+            counts.add(&one).unwrap();
+        }
+        let e = counts.add(&one).unwrap_err();
+        assert!(e.starts_with("idemgate_observed_total{route=\"r\",would=\"first\"}: the sum"), "{e}");
+
+        let mut counts = Counts::default();
+        for _ in 0..1100 {
+            let labels = ["first", "would_replay"]
+                .map(|w| format!("idemgate_observed_total{{route=\"r\",would=\"{w}\"}} {max}"));
+            counts.add(&labels.join("\n")).unwrap();
+        }
+        let e = counts.routes().err().unwrap_or_default();
+        assert!(e.starts_with("idemgate_observed_total{route=\"r\"}: the sum of what it observed"), "{e}");
+
+        let mut counts = Counts::default();
+        for _ in 0..1100 {
+            let labels = ["executed", "replayed"]
+                .map(|o| format!("idemgate_requests_total{{route=\"p\",outcome=\"{o}\"}} {max}"));
+            counts.add(&labels.join("\n")).unwrap();
+        }
+        let e = counts.routes().err().unwrap_or_default();
+        assert!(e.starts_with("idemgate_requests_total{route=\"p\"}: the sum of its outcomes"), "{e}");
+    }
+
+    #[test]
+    fn route_names_from_the_answer_are_printed_escaped() {
+        let mut counts = Counts::default();
+        let forged = "idemgate_observed_total{route=\"pay\\nroute payments: observing, 0 requests\u{1b}[2J\",would=\"first\"} 5\n\
+                      idemgate_requests_total{route=\"x\\ny\",outcome=\"executed\"} 1\n";
+        counts.add(forged).unwrap();
+        let routes = counts.routes().unwrap();
+        let text = text_report(&routes, 1);
+        assert!(!text.contains('\u{1b}'), "{text:?}");
+        assert!(!text.lines().any(|l| l.starts_with("route payments")), "{text}");
+        assert!(
+            text.contains(r"route pay\nroute payments: observing, 0 requests\u{1b}[2J: observing, 5 requests"),
+            "{text}"
+        );
+        assert!(text.contains(r"route x\ny: enforcing, 1 requests"), "{text}");
+        let doc: Value = serde_json::from_str(&json_report(&routes, 1)).unwrap();
+        assert_eq!(
+            doc["routes"][0]["route"], "pay\nroute payments: observing, 0 requests\u{1b}[2J",
+            "JSON keeps the name"
+        );
     }
 }
