@@ -773,3 +773,110 @@ fn check_compares_the_running_file_with_the_next() {
     let out = Command::new(env!("CARGO_BIN_EXE_idemgate")).args(["check", "--json"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// Appends a `[[routes]]` table to `text`, with `lines` in it, on upstream `app`.
+fn and_route(text: &str, lines: &str) -> String {
+    format!("{text}\n[[routes]]\nupstream = \"app\"\n{lines}\n")
+}
+
+/// The warnings of a valid file that say a request can reach a route that does not enforce.
+fn unprotected(text: &str) -> Vec<(String, String)> {
+    let config = Config::from_toml(text, "t").unwrap_or_else(|e| panic!("{e}"));
+    config.warnings.into_iter().filter(|w| w.reason.contains("does not enforce")).map(|w| (w.key, w.reason)).collect()
+}
+
+/// The case, tried as a new user would: `hosts = ["api.example.com"]` on the keyed
+/// `POST /orders` and a catch-all pass-through route. A POST with any other Host (curl's
+/// `127.0.0.1:PORT`) goes to the catch-all, unprotected; `check` said ok. It still says ok,
+/// with a warning naming both routes, what falls through and what to do.
+#[test]
+fn check_names_what_a_host_split_leaves_unprotected() {
+    let keyed = MINIMAL.replace("methods = [\"POST\"]", "hosts = [\"api.example.com\"]\nmethods = [\"POST\"]");
+    let split = and_route(&keyed, "name = \"rest\"\npath = \"/{*rest}\"");
+    let (ok, stdout, stderr) = check(&split);
+    assert!(ok && stdout.contains("ok"), "a warning, not an error: {stderr}");
+    let line = stderr.lines().find(|l| l.contains("does not enforce")).unwrap_or_else(|| panic!("{stderr}"));
+    assert!(line.contains("gw.toml:") && line.contains("warning: routes[0].hosts: "), "{line}");
+    for part in [
+        "route \"create\" enforces idempotency on POST /orders for api.example.com only",
+        "POST /orders for any host no route names goes to route \"rest\", which does not enforce it",
+        "leave hosts out of route \"create\" (or list in it every host clients send)",
+        "[routes.idempotency] table",
+    ] {
+        assert!(line.contains(part), "{part:?} in {line}");
+    }
+    // A host another route names falls through too, and is named.
+    let admin_get =
+        and_route(&split, "name = \"admin\"\nhosts = [\"admin.example.com\"]\nmethods = [\"GET\"]\npath = \"/\"");
+    let found = unprotected(&admin_get);
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert!(found[0].1.contains("POST /orders for admin.example.com and any host no route names"), "{found:#?}");
+    // A route of another host set that takes the path, and one of a wildcard's names.
+    let other_host = and_route(&keyed, "name = \"other\"\nhosts = [\"admin.example.com\"]\npath = \"/orders\"");
+    let found = unprotected(&other_host);
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert!(found[0].1.contains("for admin.example.com goes to route \"other\""), "{found:#?}");
+    assert!(found[0].1.contains("add those hosts to route \"create\""), "{found:#?}");
+    let wild = MINIMAL.replace("methods = [\"POST\"]", "hosts = [\"*.example.com\"]\nmethods = [\"POST\"]");
+    let carved = and_route(&wild, "name = \"one-tenant\"\nhosts = [\"a.example.com\"]\npath = \"/{*rest}\"");
+    let found = unprotected(&carved);
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert!(found[0].1.contains("POST /orders for a.example.com goes to route \"one-tenant\""), "{found:#?}");
+    // A keyed route for every host, whose path one host's pass-through route takes over.
+    let taken = and_route(MINIMAL, "name = \"tenant\"\nhosts = [\"t.example.com\"]\npath = \"/{*rest}\"");
+    let found = unprotected(&taken);
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert_eq!(found[0].0, "routes[1].hosts", "{found:#?}");
+    assert!(found[0].1.contains("route \"create\" enforces idempotency on POST /orders, but"), "{found:#?}");
+    // The paths overlap as the router matches them, not as strings compare.
+    let id = keyed.replace("path = \"/orders\"", "path = \"/orders/{id}\"");
+    assert_eq!(unprotected(&and_route(&id, "name = \"tail\"\npath = \"/orders/{*rest}\"")).len(), 1);
+    assert!(unprotected(&and_route(&id, "name = \"elsewhere\"\npath = \"/payments/{*rest}\"")).is_empty());
+}
+
+/// What leaves nothing unprotected is not warned about: the keyed route alone serving
+/// `POST /orders` beside a catch-all, another host's or path's route that only reads, and a
+/// route that observes (the adoption path: `idemgate report` counts what it would change).
+#[test]
+fn check_does_not_warn_where_every_unsafe_request_reaches_enforcement() {
+    let rest = "name = \"rest\"\npath = \"/{*rest}\"";
+    assert!(unprotected(MINIMAL).is_empty());
+    assert!(unprotected(&and_route(MINIMAL, rest)).is_empty(), "PUT /orders to a catch-all is not listed anywhere");
+    let keyed = MINIMAL.replace("methods = [\"POST\"]", "hosts = [\"api.example.com\"]\nmethods = [\"POST\"]");
+    let reads = and_route(&keyed, "name = \"list\"\nmethods = [\"GET\", \"HEAD\"]\npath = \"/{*rest}\"");
+    assert!(unprotected(&reads).is_empty());
+    let both = and_route(&keyed, "name = \"rest\"\nmethods = [\"GET\"]\npath = \"/orders\"");
+    assert!(unprotected(&both).is_empty());
+    let observing = keyed.replace("[routes.idempotency]", "[routes.idempotency]\nmode = \"observe\"");
+    assert!(unprotected(&and_route(&observing, rest)).is_empty(), "the keyed route observes");
+    let observed_rest = and_route(&keyed, &format!("{rest}\n[routes.idempotency]\nmode = \"observe\""));
+    assert!(unprotected(&observed_rest).is_empty(), "the other route observes");
+    let enforced_rest = and_route(&keyed, &format!("{rest}\n[routes.idempotency]"));
+    assert!(unprotected(&enforced_rest).is_empty(), "the other route enforces");
+    let every_host =
+        and_route(MINIMAL, "name = \"tenant\"\nhosts = [\"t.example.com\"]\nmethods = [\"GET\"]\npath = \"/{*rest}\"");
+    assert!(unprotected(&every_host).is_empty());
+}
+
+/// Another unsafe method on the keyed path, listed by a route that does not enforce: a
+/// retried `PUT /orders` runs again while `POST /orders` is keyed. A route that lists only
+/// safe methods, or a catch-all that lists none, is not warned about.
+#[test]
+fn check_names_an_unsafe_method_another_route_lists_on_a_keyed_path() {
+    let put = and_route(MINIMAL, "name = \"replace\"\nmethods = [\"PUT\", \"GET\"]\npath = \"/orders\"");
+    let found = unprotected(&put);
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert_eq!(found[0].0, "routes[1].methods");
+    for part in [
+        "PUT /orders goes to route \"replace\", which lists PUT and does not enforce idempotency",
+        "route \"create\" enforces it on POST /orders",
+    ] {
+        assert!(found[0].1.contains(part), "{part:?} in {found:#?}");
+    }
+    // On a keyed route for one host, the methods of that host are the ones named.
+    let keyed = MINIMAL.replace("methods = [\"POST\"]", "hosts = [\"api.example.com\"]\nmethods = [\"POST\"]");
+    let wide = and_route(&keyed, "name = \"writes\"\nmethods = [\"PATCH\", \"DELETE\"]\npath = \"/{*rest}\"");
+    let found = unprotected(&wide);
+    assert_eq!(found.len(), 1, "{found:#?}");
+    assert!(found[0].1.contains("PATCH and DELETE /orders on api.example.com go to route \"writes\""), "{found:#?}");
+}

@@ -379,7 +379,10 @@ fn every_warning_of_check_is_documented() {
         [routes.idempotency]\nlease = \"5s\"\nrenew = false\n\
         [[routes]]\nname = \"b\"\npath = \"/b\"\nupstream = \"app\"\n\
         [routes.idempotency]\nlease = \"60s\"\n\
-        [routes.idempotency.reconcile]\npath = \"/lookup/{key}\"\nanswer_status = 204\n";
+        [routes.idempotency.reconcile]\npath = \"/lookup/{key}\"\nanswer_status = 204\n\
+        [[routes]]\nname = \"c\"\nhosts = [\"api.example.com\"]\nmethods = [\"POST\"]\npath = \"/c\"\nupstream = \"app\"\n\
+        [routes.idempotency]\nlease = \"60s\"\n\
+        [[routes]]\nname = \"d\"\nmethods = [\"POST\", \"PUT\"]\npath = \"/{*rest}\"\nupstream = \"app\"\n";
     let config = idemgate::config::Config::from_toml(text, "gw.toml").unwrap_or_else(|e| panic!("{e}"));
     let lines = config.warning_lines("gw.toml");
     let keys: BTreeSet<String> = lines
@@ -389,8 +392,8 @@ fn every_warning_of_check_is_documented() {
         .map(|key| key.rsplit('.').next().unwrap_or(key).to_owned())
         .collect();
     // admin_token, admin_listen, lease (twice: renew and store timeout), shutdown_grace,
-    // idempotency (no lookup), path, answer_status.
-    assert!(keys.len() >= 7, "{lines:#?}");
+    // idempotency (no lookup), path, answer_status, hosts and methods (what falls through).
+    assert!(keys.len() >= 9, "{lines:#?}");
     let docs = read("docs/configuration.md");
     let listed = ticked_between(&docs, "`idemgate check` also warns", "The gateway logs the same");
     for key in &keys {

@@ -122,6 +122,40 @@ async fn exact_hosts_then_wildcards_then_every_host_however_the_host_is_spelt() 
     gw.shutdown().await;
 }
 
+/// Tried as a new user would: the idempotent `POST /orders` names its hosts, and a catch-all
+/// pass-through route serves the rest. A POST with another Host (curl's `127.0.0.1:PORT`)
+/// is routed as documented, to the catch-all, where its retry runs again; the configuration
+/// is valid, and its warnings name each idempotent route, the catch-all and the hosts that
+/// fall through.
+#[tokio::test]
+async fn a_host_the_idempotent_routes_do_not_list_runs_unprotected_and_the_config_says_so() {
+    let (api, tenants, fallback) =
+        (TestUpstream::start().await, TestUpstream::start().await, TestUpstream::start().await);
+    let toml = config(&StoreKind::Memory, api.addr, tenants.addr, fallback.addr);
+    let gw = TestGateway::start(&toml).await;
+    let client = gw.client();
+    let curl = gw.addr.to_string();
+    for _ in 0..2 {
+        let r = post(&client, &curl, "same-key").await;
+        assert!(r.status == 201 && !r.is_replay(), "{r:?}");
+    }
+    assert_eq!(fallback.executions(), 2, "the retry ran again: nothing protects this host");
+    gw.shutdown().await;
+
+    let config = idemgate::config::Config::from_toml(&toml, "gw.toml").unwrap_or_else(|e| panic!("{e}"));
+    let lines = config.warning_lines("gw.toml");
+    for (key, keyed) in [("routes[1].hosts", "tenants"), ("routes[2].hosts", "api")] {
+        let warned = lines.iter().find(|l| l.contains(&format!("warning: {key}: route \"{keyed}\" enforces")));
+        let warned = warned.unwrap_or_else(|| panic!("no warning for {keyed}: {lines:#?}"));
+        assert!(
+            warned.contains(
+                "POST /orders for any host no route names goes to route \"fallback\", which does not enforce it"
+            ),
+            "{warned}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_host_no_route_serves_is_not_found() {
     let api = TestUpstream::start().await;

@@ -7,6 +7,7 @@
 //! here.
 
 mod errors;
+mod fallthrough;
 mod identity;
 mod routes;
 mod server;
@@ -105,6 +106,8 @@ pub(super) fn body_limit(issues: &mut Issues, key: &str, value: Option<HumanSize
 /// - A shutdown grace period longer than a lease: see the message.
 /// - A route that holds unknown outcomes without a lookup, or a lookup with `{key}` in its
 ///   path.
+/// - Unsafe requests on a keyed path that another host's or method's route takes without
+///   enforcing ([`fallthrough`]).
 pub(super) fn warnings(config: &Config) -> Vec<Issue> {
     let mut out = Issues::default();
     if config.server.admin_token.as_deref().map(str::trim) == Some(crate::config::defaults::SAMPLE_ADMIN_TOKEN) {
@@ -193,5 +196,6 @@ pub(super) fn warnings(config: &Config) -> Vec<Issue> {
             );
         }
     }
+    fallthrough::warnings(config, &mut out);
     out.0
 }
