@@ -22,14 +22,12 @@
 //! own UNIQUE constraint can do its work.
 
 mod balance;
+mod dial;
 mod resolve;
 
-use std::future::Future;
 use std::net::SocketAddr;
 use std::ops::Deref;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -37,15 +35,12 @@ use bytes::Bytes;
 use http::uri::{Authority, PathAndQuery, Scheme};
 use http::{HeaderValue, Request, Response, Uri, Version, request};
 use hyper::body::Incoming;
-use hyper_rustls::MaybeHttpsStream;
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use hyper_util::rt::TokioIo;
 use thiserror::Error;
 
 use self::balance::{Connected, Load};
+use self::dial::Dial;
 use self::resolve::Resolved;
 use crate::body::{self, Body};
 use crate::config::{Ejection, UpstreamConfig};
@@ -469,30 +464,18 @@ impl Template {
     /// to at each connection.
     fn instance(&self, authority: Authority, pinned: Option<SocketAddr>, metrics: Option<InstanceMetrics>) -> Instance {
         let scheme = &self.scheme;
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        http.set_nodelay(true);
-        http.set_connect_timeout(Some(self.connect_timeout));
-        let to = pinned.and_then(|address| {
-            Uri::builder().scheme("http").authority(address.to_string()).path_and_query("/").build().ok()
-        });
-        let connector = HttpsConnectorBuilder::new()
-            .with_tls_config(self.tls.clone())
-            .https_or_http()
-            .enable_http1()
-            .enable_http2()
-            .wrap_connector(Pinned { http, to });
+        let dial = |address| Dial::new(self.tls.clone(), self.connect_timeout, pinned, address);
         let (dial, key, host) = if *scheme == Scheme::HTTPS {
-            (Dial { connector, address: None }, authority.clone(), None)
+            (dial(None), authority.clone(), None)
         } else {
             let address =
                 Uri::builder().scheme(scheme.clone()).authority(authority.clone()).path_and_query("/").build();
             let host = HeaderValue::from_str(&host_header(&authority));
             match (address, host) {
-                (Ok(address), Ok(host)) => (Dial { connector, address: Some(address) }, POOL_KEY, Some(host)),
+                (Ok(address), Ok(host)) => (dial(Some(address)), POOL_KEY, Some(host)),
                 // Both come from a parsed URL's authority, so neither fails; if one did, the
                 // real authority in the URI still works, only without the cheaper key.
-                _ => (Dial { connector, address: None }, authority.clone(), None),
+                _ => (dial(None), authority.clone(), None),
             }
         };
         let client = Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(60)).build(dial);
@@ -542,59 +525,6 @@ fn host_header(authority: &Authority) -> String {
     }
 }
 
-/// The pooled client's connector: connects to the upstream's real address, whatever
-/// authority the request's URI carries (see [`POOL_KEY`]).
-#[derive(Clone)]
-struct Dial {
-    connector: HttpsConnector<Pinned>,
-    /// The cleartext upstream's address; `None`: the URI's own (TLS upstreams).
-    address: Option<Uri>,
-}
-
-type DialFuture =
-    Pin<Box<dyn Future<Output = Result<MaybeHttpsStream<TokioIo<tokio::net::TcpStream>>, BoxError>> + Send>>;
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-impl tower_service::Service<Uri> for Dial {
-    type Response = MaybeHttpsStream<TokioIo<tokio::net::TcpStream>>;
-    type Error = BoxError;
-    type Future = DialFuture;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.connector.poll_ready(cx)
-    }
-
-    fn call(&mut self, dst: Uri) -> Self::Future {
-        let dst = self.address.clone().unwrap_or(dst);
-        self.connector.call(dst)
-    }
-}
-
-/// The TCP connector below TLS: connects to the instance's pinned address when it has one.
-/// TLS, above, still takes the name from the URI, so the server name sent and the
-/// certificate checked stay the configured host's, whatever address it resolved to.
-#[derive(Clone)]
-struct Pinned {
-    http: HttpConnector,
-    /// `http://ADDRESS:PORT/`: only its host and port are read.
-    to: Option<Uri>,
-}
-
-impl tower_service::Service<Uri> for Pinned {
-    type Response = <HttpConnector as tower_service::Service<Uri>>::Response;
-    type Error = <HttpConnector as tower_service::Service<Uri>>::Error;
-    type Future = <HttpConnector as tower_service::Service<Uri>>::Future;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.http.poll_ready(cx)
-    }
-
-    fn call(&mut self, dst: Uri) -> Self::Future {
-        let dst = self.to.clone().unwrap_or(dst);
-        self.http.call(dst)
-    }
-}
-
 /// The TLS configuration of `config`'s pool: its `ca_file`, else the system's roots for an
 /// https upstream, else none.
 fn tls_config(config: &UpstreamConfig) -> Result<rustls::ClientConfig, UpstreamSetupError> {
@@ -626,25 +556,5 @@ mod tests {
         assert_eq!(host("orders.internal:80"), "orders.internal");
         assert_eq!(host("orders.internal"), "orders.internal");
         assert_eq!(host("[::1]:9000"), "[::1]:9000");
-    }
-
-    #[tokio::test]
-    async fn a_pinned_instance_connects_to_its_address_whatever_name_it_is_asked_for() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let address = listener.local_addr().unwrap();
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        let mut pinned = Pinned { http, to: Some(format!("http://{address}/").parse().unwrap()) };
-        // A name that resolves nowhere (RFC 6761's .invalid) on another port: only the pinned
-        // address can have been connected to.
-        let target: Uri = "https://orders.invalid:1/".parse().unwrap();
-        let connecting = tower_service::Service::call(&mut pinned, target);
-        let (accepted, connected) =
-            tokio::time::timeout(Duration::from_secs(5), async { tokio::join!(listener.accept(), connecting) })
-                .await
-                .expect("no connection within 5 s");
-        let (accepted, connected) = (accepted.unwrap().0, connected.unwrap());
-        assert_eq!(connected.inner().peer_addr().unwrap(), address);
-        assert_eq!(accepted.peer_addr().unwrap(), connected.inner().local_addr().unwrap());
     }
 }
