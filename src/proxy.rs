@@ -74,9 +74,8 @@ pub async fn send(
         parts.headers.insert(CONNECTION, HeaderValue::from_static("upgrade"));
     }
     // The deadline covers the response head; the body then streams as long as it flows.
-    let mut response = tokio::time::timeout(upstream.timeout(), upstream.send(Request::from_parts(parts, body)))
-        .await
-        .map_err(|_| upstream.timed_out())??;
+    let deadline = tokio::time::Instant::now() + upstream.timeout();
+    let mut response = upstream.send(Request::from_parts(parts, body), deadline).await?;
     match client_side {
         Some(client_side) if response.status() == StatusCode::SWITCHING_PROTOCOLS => {
             let upstream_side = hyper::upgrade::on(&mut response);

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use support::client::Client;
 use support::gateway::TestGateway;
+use support::raw_upstream::Hanging;
 use support::upstream::{Behavior, TestUpstream};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -599,5 +600,80 @@ async fn a_resolved_https_instance_is_connected_by_address_and_verified_by_name(
     let line = format!("idemgate_upstream_instance_requests_total{{upstream=\"app\",instance=\"{addr}\"}} 10");
     let text = metrics(&gw).await;
     assert!(text.contains(&line), "no {line:?} in {text}");
+    gw.shutdown().await;
+}
+
+/// `config` with upstream `timeout = "1s"` and the default `connect_timeout` (5 s): a connect
+/// that hangs outlasts the request's whole deadline.
+fn one_second_config(urls: &[String]) -> String {
+    let toml = config(urls);
+    assert!(toml.contains("timeout = \"5s\"\nconnect_timeout = \"1s\"\n"));
+    toml.replace("timeout = \"5s\"\nconnect_timeout = \"1s\"\n", "timeout = \"1s\"\n")
+}
+
+/// The value of `idemgate_upstream_instance_NAME{upstream="app",instance="INSTANCE"EXTRA}`.
+fn instance_series(metrics: &str, name: &str, instance: impl std::fmt::Display, extra: &str) -> u64 {
+    let prefix = format!("idemgate_upstream_instance_{name}{{upstream=\"app\",instance=\"{instance}\"{extra}}} ");
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix(&prefix)?.parse().ok())
+        .unwrap_or_else(|| panic!("no {prefix} in {metrics}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_whose_connect_outlasts_its_deadline_is_released_and_the_instance_left_out() {
+    // The instance's connects hang; the request's 1 s deadline passes while the dial waits.
+    let hanging = Hanging::start().await;
+    let live = TestUpstream::start().await;
+    let urls = [format!("http://{}", hanging.addr), format!("http://{}", live.addr)];
+    let gw = TestGateway::start(&one_second_config(&urls)).await;
+    let client = gw.client();
+    let mut released = Vec::new();
+    for i in 0..24 {
+        let key = format!("hung-{i}");
+        let r = client.post_json("/orders", Some(&key), ORDER).await;
+        match r.status.as_u16() {
+            201 => {}
+            // Never sent: the key is released, never held as unknown (502/504 outcome-unknown).
+            502 if r.problem() == "upstream-unavailable" => released.push(key),
+            _ => panic!("{key}: {r:?}"),
+        }
+    }
+    // Drawn until it had failed to connect twice (eject_after = 2), then left out for 30 s.
+    assert_eq!(released.len(), 2, "{released:?}");
+    // Each released key runs on its retry, on the live instance, as attempt 1 (given back).
+    for key in &released {
+        let r = client.post_json("/orders", Some(key), ORDER).await;
+        assert_eq!(r.status, 201, "{key}: {r:?}");
+    }
+    let ran = executions(&[&live]);
+    assert_eq!(ran.len(), 24, "{ran:?}");
+    assert!(ran.values().all(|&n| n == 1), "a key ran twice: {ran:?}");
+    assert!(live.seen().iter().all(|s| s.headers["idempotency-attempt"] == "1"));
+    // Each dial cut short was counted against the instance: that is what left it out.
+    let metrics = metrics(&gw).await;
+    assert_eq!(instance_series(&metrics, "requests_total", hanging.addr, ""), 2, "{metrics}");
+    assert_eq!(instance_series(&metrics, "failures_total", hanging.addr, ",kind=\"connect\""), 2);
+    assert_eq!(instance_series(&metrics, "ejections_total", hanging.addr, ""), 1);
+    assert_eq!(instance_series(&metrics, "requests_total", live.addr, ""), 24);
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lone_instance_whose_connect_hangs_is_told_unreachable_and_the_key_runs_when_it_is_back() {
+    let hanging = Hanging::start().await;
+    let gw = TestGateway::start(&one_second_config(&[format!("http://{}", hanging.addr)])).await;
+    let client = gw.client();
+    // A pass-through request, and a keyed one: never sent, and told so.
+    let passed = client.get("/anything", &[]).await;
+    assert_eq!((passed.status.as_u16(), passed.problem()), (502, "upstream-unavailable".to_owned()), "{passed:?}");
+    let first = client.post_json("/orders", Some("lone-1"), ORDER).await;
+    assert_eq!((first.status.as_u16(), first.problem()), (502, "upstream-unavailable".to_owned()), "{first:?}");
+    // Back: the retry runs, as the key's first attempt; it was released, not held.
+    let live = hanging.come_back();
+    let retry = client.post_json("/orders", Some("lone-1"), ORDER).await;
+    assert_eq!(retry.status, 201, "{retry:?}");
+    assert_eq!(live.executions(), 1);
+    assert_eq!(live.seen()[0].headers["idempotency-attempt"], "1");
     gw.shutdown().await;
 }

@@ -11,6 +11,7 @@ use http::{HeaderMap, Method};
 use support::client::{Client, Reply};
 use support::gateway::{StoreKind, TestGateway};
 use support::gateway_proc::{GatewayProc, Toml};
+use support::raw_upstream::Hanging;
 use support::redis::RedisServer;
 use support::upstream::TestUpstream;
 
@@ -583,5 +584,29 @@ async fn a_store_that_is_down_changes_no_answer_and_is_counted() {
     assert_eq!(upstream.executions(), 4);
     assert_eq!(observed(&admin, "orders", "store_error").await, 3);
     assert_eq!(observed(&admin, "orders", "first").await, 1);
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_whose_connect_outlasts_the_timeout_is_counted_as_never_sent() {
+    // Both routes' upstreams take connects that hang; each request's 1 s timeout passes while
+    // its dial waits. Nothing was sent: the observed key is released as not sent, and nothing
+    // counts as an unknown outcome.
+    let (observed_up, plain_up) = (Hanging::start().await, Hanging::start().await);
+    let toml = twin_config(&StoreKind::Memory, observed_up.addr, plain_up.addr);
+    let gw = TestGateway::start(&toml.replace("timeout = \"3s\"", "timeout = \"1s\"")).await;
+    let (client, admin) = (gw.client(), gw.admin_client());
+    let headers = [JSON, CALLER, ("idempotency-key", "hung")];
+    let answered = both(&client, &headers, r#"{"amount":1}"#, "a connect that hangs").await;
+    assert_eq!((answered.status.as_u16(), answered.problem()), (502, "upstream-unavailable".to_owned()));
+    assert_eq!(observed(&admin, "orders", "first").await, 1);
+    assert_eq!(observed(&admin, "orders", "unknown_outcome").await, 0);
+    assert_eq!(series(&admin, "idemgate_released_total{route=\"orders\",reason=\"not_sent\"}").await, 1);
+    // Back: the retry runs as the key's first request, once.
+    let back = observed_up.come_back();
+    let retry = client.send(Method::POST, "/orders", &headers, r#"{"amount":1}"#).await;
+    assert_eq!(retry.status, 201, "{retry:?}");
+    assert_eq!(back.executions(), 1);
+    assert_eq!(observed(&admin, "orders", "first").await, 2);
     gw.shutdown().await;
 }

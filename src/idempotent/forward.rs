@@ -311,12 +311,12 @@ fn scopeguard(f: impl FnOnce()) -> impl Drop {
 /// for the whole exchange.
 async fn call(upstream: &Upstream, request: Request<Bytes>, limit: usize) -> Ended {
     let deadline = Instant::now() + upstream.timeout();
-    // A request no instance was sent may go to another, within this one deadline.
-    let response = match tokio::time::timeout_at(deadline, upstream.send_buffered(request)).await {
-        Err(_) => return Ended::NoAnswer(upstream.timed_out()),
-        Ok(Err(e)) if e.never_sent() => return Ended::NotSent(e),
-        Ok(Err(e)) => return Ended::NoAnswer(e),
-        Ok(Ok(mut response)) => {
+    // A request no instance was sent may go to another, within this one deadline; one still
+    // waiting for a connection when it passes was never sent either.
+    let response = match upstream.send_buffered(request, deadline).await {
+        Err(e) if e.never_sent() => return Ended::NotSent(e),
+        Err(e) => return Ended::NoAnswer(e),
+        Ok(mut response) => {
             // Once, for what is stored and what the client gets alike.
             headers::strip_hop_by_hop(response.headers_mut());
             response

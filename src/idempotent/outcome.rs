@@ -6,7 +6,7 @@
 //!
 //! | how it ended | the key | the first client gets |
 //! |---|---|---|
-//! | not sent (connection refused, DNS, TLS handshake) | released, attempt given back | 502 `upstream-unavailable` |
+//! | not sent (connection refused, DNS, TLS handshake, none made before the deadline) | released, attempt given back | 502 `upstream-unavailable` |
 //! | complete answer, status in `store_statuses` | completed: replayed to retries | the answer |
 //! | complete answer, other status | released | the answer |
 //! | answer too large to store, delivered | executed: retries get `response-not-stored` | the answer, streamed |

@@ -58,6 +58,7 @@ use crate::store::{
     EntryState, IndexKey, Lifecycle, Lookup, LookupEnd, LookupEnded, Lookups, Operator, OwnerToken, RecordKey,
     StoredResponse, Watch,
 };
+use crate::upstream::UpstreamError;
 
 /// How many times, at most, the gateway that lost an answer asks by itself.
 const BACKGROUND_TRIES: u32 = 6;
@@ -370,10 +371,12 @@ async fn call(route: &IdempotentRoute, reconcile: &Reconcile, question: &Questio
     let deadline = Instant::now() + upstream.timeout();
     // A lookup asks any instance that connects (they answer from one shared database).
     let request = Request::from_parts(parts, Bytes::new());
-    let response = match tokio::time::timeout_at(deadline, upstream.send_buffered(request)).await {
-        Err(_) => return Answer::Failed(format!("no answer within {:?}", upstream.timeout())),
-        Ok(Err(e)) => return Answer::Failed(e.to_string()),
-        Ok(Ok(mut response)) => {
+    let response = match upstream.send_buffered(request, deadline).await {
+        Err(UpstreamError::Timeout { .. }) => {
+            return Answer::Failed(format!("no answer within {:?}", upstream.timeout()));
+        }
+        Err(e) => return Answer::Failed(e.to_string()),
+        Ok(mut response) => {
             headers::strip_hop_by_hop(response.headers_mut());
             response
         }

@@ -16,7 +16,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 
 use crate::body;
-use crate::upstream::Upstream;
+use crate::upstream::{Upstream, UpstreamError};
 
 use super::{DropReason, EXPORT_TIMEOUT, MAX_ANSWER, MAX_QUEUE, SAY_DROPS_EVERY};
 
@@ -133,9 +133,11 @@ impl HttpClient for Exporting {
     async fn send_bytes(&self, request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
         let upstream = Arc::clone(&self.upstream);
         let call = async move {
-            let response = tokio::time::timeout(EXPORT_TIMEOUT, upstream.send(request.map(body::full)))
-                .await
-                .map_err(|_| "the collector did not answer in time")??;
+            let deadline = tokio::time::Instant::now() + EXPORT_TIMEOUT;
+            let response = match upstream.send(request.map(body::full), deadline).await {
+                Err(UpstreamError::Timeout { .. }) => return Err("the collector did not answer in time".into()),
+                answered => answered?,
+            };
             let (parts, answer) = response.into_parts();
             let bytes = http_body_util::Limited::new(answer, MAX_ANSWER).collect().await?.to_bytes();
             Ok::<_, HttpError>(Response::from_parts(parts, bytes))

@@ -36,20 +36,11 @@ pub struct Load {
 
 #[derive(Debug, Default)]
 struct Health {
-    /// Connect failures since the last success.
+    /// Connect failures since the last connection made or answer.
     failures: u32,
     /// Ejections since the last success.
     ejections: u32,
     out_until: Option<Instant>,
-}
-
-/// What became of an instance's connect.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Connected {
-    /// It answered.
-    Yes,
-    /// It could not be reached; `Some` when that ejected it, for how long.
-    No(Option<Duration>),
 }
 
 impl Load {
@@ -73,22 +64,34 @@ impl Load {
         self.ejected.load(Ordering::Relaxed) && self.health().out_until.is_some_and(|until| until > now)
     }
 
-    /// Notes a connect's result; ejects it after `rule.after` failures running.
-    pub fn connected(&self, ok: bool, rule: &Ejection, now: Instant) -> Connected {
-        if ok && !self.troubled.load(Ordering::Relaxed) {
-            return Connected::Yes;
+    /// It answered: every failure and ejection is forgotten. An instance that never failed
+    /// takes no lock: this runs once per request.
+    pub fn answered(&self) {
+        if !self.troubled.load(Ordering::Relaxed) {
+            return;
         }
         let mut h = self.health();
-        if ok {
-            *h = Health::default();
-            self.ejected.store(false, Ordering::Relaxed);
-            self.troubled.store(false, Ordering::Relaxed);
-            return Connected::Yes;
+        *h = Health::default();
+        self.ejected.store(false, Ordering::Relaxed);
+        self.troubled.store(false, Ordering::Relaxed);
+    }
+
+    /// A connection to it was made: its connect failures are no longer running. (Whether it
+    /// comes back, if left out, is for an answer to say.)
+    pub fn dialed(&self) {
+        if self.troubled.load(Ordering::Relaxed) {
+            self.health().failures = 0;
         }
+    }
+
+    /// A connection to it could not be made; it is left out after `rule.after` running, and
+    /// `Some` says for how long.
+    pub fn failed(&self, rule: &Ejection, now: Instant) -> Option<Duration> {
+        let mut h = self.health();
         self.troubled.store(true, Ordering::Relaxed);
         h.failures += 1;
         if h.failures < rule.after {
-            return Connected::No(None);
+            return None;
         }
         h.failures = 0;
         let factor = 1u32.checked_shl(h.ejections.min(16)).unwrap_or(u32::MAX);
@@ -96,7 +99,7 @@ impl Load {
         h.ejections = h.ejections.saturating_add(1);
         h.out_until = Some(now + out_for);
         self.ejected.store(true, Ordering::Relaxed);
-        Connected::No(Some(out_for))
+        Some(out_for)
     }
 }
 
@@ -147,21 +150,28 @@ mod tests {
     fn an_instance_is_left_out_after_failures_running_for_longer_each_time() {
         let load = Load::default();
         let now = Instant::now();
-        assert_eq!(load.connected(false, &RULE, now), Connected::No(None));
-        assert_eq!(load.connected(false, &RULE, now), Connected::No(None));
-        assert_eq!(load.connected(false, &RULE, now), Connected::No(Some(Duration::from_secs(5))));
+        assert_eq!(load.failed(&RULE, now), None);
+        assert_eq!(load.failed(&RULE, now), None);
+        assert_eq!(load.failed(&RULE, now), Some(Duration::from_secs(5)));
         assert!(load.out(now) && !load.out(now + Duration::from_secs(5)));
         // Still failing when it comes back: 10 s, 20 s, then the cap.
         for want in [10, 20, 40, 40] {
             for _ in 0..2 {
-                assert_eq!(load.connected(false, &RULE, now), Connected::No(None));
+                assert_eq!(load.failed(&RULE, now), None);
             }
-            assert_eq!(load.connected(false, &RULE, now), Connected::No(Some(Duration::from_secs(want))));
+            assert_eq!(load.failed(&RULE, now), Some(Duration::from_secs(want)));
         }
-        // A success forgets it all.
-        assert_eq!(load.connected(true, &RULE, now), Connected::Yes);
+        // An answer forgets it all.
+        load.answered();
         assert!(!load.out(now));
-        assert_eq!(load.connected(false, &RULE, now), Connected::No(None));
+        assert_eq!(load.failed(&RULE, now), None);
+        // A connection made ends the run, but leaves an instance that is out where it is.
+        load.dialed();
+        assert_eq!(load.failed(&RULE, now), None);
+        assert_eq!(load.failed(&RULE, now), None);
+        assert_eq!(load.failed(&RULE, now), Some(Duration::from_secs(5)));
+        load.dialed();
+        assert!(load.out(now));
     }
 
     #[test]
@@ -179,14 +189,14 @@ mod tests {
         assert_eq!(pick(3, refs, &[0, 1, 2], now, &mut |_| 0), None);
         // Left out: skipped while another is healthy, drawn when none is.
         for _ in 0..3 {
-            loads[1].connected(false, &RULE, now);
-            loads[2].connected(false, &RULE, now);
+            loads[1].failed(&RULE, now);
+            loads[2].failed(&RULE, now);
         }
         for draw in 0..3 {
             assert_eq!(pick(3, refs, &[], now, &mut |n| draw % n), Some(0));
         }
         for _ in 0..3 {
-            loads[0].connected(false, &RULE, now);
+            loads[0].failed(&RULE, now);
         }
         let mut seen = [false; 3];
         for draw in 0..3 {

@@ -4,12 +4,12 @@
 //! Each instance has a pool of its own; a request goes to one of them, chosen by
 //! [`balance`] (least outstanding requests over two random choices, instances that keep
 //! failing to connect left out for a while). A request that was never sent — no connection
-//! could be made, or an HTTP/2 stream the instance refused or never processed (RFC 9113
-//! §8.7) — may go to another instance when its body is buffered ([`Upstream::send_buffered`]);
-//! one that was sent never does: its outcome is unknown, and the idempotent path's rules for
-//! that apply, whatever the instance. hyper-util's pool, below, retries on the same instance
-//! a request whose reused connection closed before the request was written to it; that one
-//! was never sent either.
+//! could be made (or none yet when its deadline passed: see [`dial`]), or an HTTP/2 stream
+//! the instance refused or never processed (RFC 9113 §8.7) — may go to another instance when
+//! its body is buffered ([`Upstream::send_buffered`]); one that was sent never does: its
+//! outcome is unknown, and the idempotent path's rules for that apply, whatever the instance.
+//! hyper-util's pool, below, retries on the same instance a request whose reused connection
+//! closed before the request was written to it; that one was never sent either.
 //!
 //! With `resolve_every`, the instances are the addresses `url`'s host name resolves to, looked
 //! up again in the background ([`resolve`]); each request is balanced over the instances of
@@ -23,8 +23,10 @@
 
 mod balance;
 mod dial;
+mod health;
 mod resolve;
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::ops::Deref;
 use std::sync::Arc;
@@ -38,9 +40,10 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use thiserror::Error;
+use tokio::time::Instant;
 
-use self::balance::{Connected, Load};
 use self::dial::Dial;
+use self::health::Health;
 use self::resolve::Resolved;
 use crate::body::{self, Body};
 use crate::config::{Ejection, UpstreamConfig};
@@ -163,8 +166,6 @@ pub struct Upstream {
     /// every instance.
     base_path: String,
     timeout: Duration,
-    /// When an instance that fails to connect is left out.
-    ejection: Ejection,
     /// What a prepared request's URI carries: the first instance's key (see
     /// [`Instance::key`]); another instance puts its own when it sends.
     key: Authority,
@@ -203,6 +204,8 @@ struct Template {
     scheme: Scheme,
     tls: rustls::ClientConfig,
     connect_timeout: Duration,
+    /// When an instance is left out.
+    ejection: Ejection,
 }
 
 /// One instance of an upstream: its address and its pool.
@@ -221,10 +224,9 @@ struct Instance {
     /// client sets it for HTTP/1 and HTTP/2 carries `:authority` instead.
     host: Option<HeaderValue>,
     client: Client<Dial, Body>,
-    /// Requests in flight and connect failures, for the balancer.
-    load: Arc<Load>,
-    /// Its series, on an upstream with several instances.
-    metrics: Option<InstanceMetrics>,
+    /// Requests in flight and failures, for the balancer; its series, on an upstream with
+    /// several instances. Its connector holds it too.
+    health: Arc<Health>,
 }
 
 impl std::fmt::Debug for Upstream {
@@ -252,6 +254,7 @@ impl Upstream {
             scheme: scheme.clone(),
             tls: tls_config(config)?,
             connect_timeout: config.connect_timeout,
+            ejection: config.ejection,
         };
         let mut instances = Vec::with_capacity(config.urls.len());
         for url in &config.urls {
@@ -272,15 +275,7 @@ impl Upstream {
             }
             _ => Members::Fixed(instances),
         };
-        Ok(Self {
-            name: config.name.clone(),
-            scheme,
-            base_path,
-            timeout: config.timeout,
-            ejection: config.ejection,
-            key,
-            members,
-        })
+        Ok(Self { name: config.name.clone(), scheme, base_path, timeout: config.timeout, key, members })
     }
 
     /// Starts looking the host name up again in the background, for an upstream with
@@ -348,37 +343,61 @@ impl Upstream {
         Uri::from_parts(parts).unwrap_or_else(|_| original.clone())
     }
 
-    /// Sends a prepared request to one instance and waits for the response head. A streamed
-    /// body cannot be sent twice, so a request that could not be sent fails here. It sets
-    /// no deadline of its own: the caller bounds the exchange by [`Upstream::timeout`], once.
-    pub async fn send(&self, request: Request<Body>) -> Result<Response<Incoming>, UpstreamError> {
+    /// Sends a prepared request to one instance and waits for the response head, until
+    /// `deadline` (which the caller may go on using for the body). A streamed body cannot be
+    /// sent twice, so a request that could not be sent fails here.
+    pub async fn send(&self, request: Request<Body>, deadline: Instant) -> Result<Response<Incoming>, UpstreamError> {
         let set = self.set();
-        self.send_to(&set[self.pick(&set, &[])], request).await
+        self.within(deadline, self.send_to(&set[self.pick(&set, &[])], request)).await
+    }
+
+    /// `sending`, until `deadline`. Any dial it starts ends by then too, and first (see
+    /// [`dial`]): a request still waiting for a connection at the deadline fails as never
+    /// sent ([`UpstreamError::Unreachable`]); one past that point, as timed out.
+    async fn within<T>(
+        &self,
+        deadline: Instant,
+        sending: impl Future<Output = Result<T, UpstreamError>>,
+    ) -> Result<T, UpstreamError> {
+        tokio::time::timeout_at(deadline, dial::by(deadline, sending)).await.unwrap_or_else(|_| Err(self.timed_out()))
     }
 
     async fn send_to(&self, instance: &Instance, request: Request<Body>) -> Result<Response<Incoming>, UpstreamError> {
         match instance.send(request).await {
             Ok(response) => {
-                self.connected(instance, true);
+                instance.health.answered(response.status());
                 Ok(response)
             }
             Err(failure) => Err(self.failed(instance, failure)),
         }
     }
 
-    /// Sends a prepared request whose body is whole: a request no instance was sent (no
-    /// connection, a refused stream) goes to another, once to each at most, within the
-    /// caller's deadline; one that was sent is never sent again.
-    pub async fn send_buffered(&self, request: Request<Bytes>) -> Result<Response<Incoming>, UpstreamError> {
+    /// Sends a prepared request whose body is whole, until `deadline`: a request no instance
+    /// was sent (no connection, a refused stream) goes to another while time is left, once to
+    /// each at most; one that was sent is never sent again.
+    pub async fn send_buffered(
+        &self,
+        request: Request<Bytes>,
+        deadline: Instant,
+    ) -> Result<Response<Incoming>, UpstreamError> {
         let set = self.set();
         // One instance: nowhere else to go, and no copy of the head to keep.
         if set.len() == 1 {
-            return self.send_to(&set[0], request.map(body::full)).await;
+            return self.within(deadline, self.send_to(&set[0], request.map(body::full))).await;
         }
+        self.within(deadline, self.send_elsewhere(&set, request, deadline)).await
+    }
+
+    async fn send_elsewhere(
+        &self,
+        set: &[Arc<Instance>],
+        request: Request<Bytes>,
+        deadline: Instant,
+    ) -> Result<Response<Incoming>, UpstreamError> {
         let (parts, body) = request.into_parts();
         let mut tried: Vec<usize> = Vec::new();
         loop {
-            let index = self.pick(&set, &tried);
+            let index = self.pick(set, &tried);
             let instance = &set[index];
             tried.push(index);
             let mut again = Request::new(body::full(body.clone()));
@@ -388,10 +407,14 @@ impl Upstream {
             *again.headers_mut() = parts.headers.clone();
             match instance.send(again).await {
                 Ok(response) => {
-                    self.connected(instance, true);
+                    instance.health.answered(response.status());
                     return Ok(response);
                 }
-                Err(failure @ (Failure::Connect(_) | Failure::Refused(_))) if tried.len() < set.len() => {
+                // Hazard: with no time left, another instance could take the request on a kept
+                // connection at once and be cut off unanswered: never sent would become unknown.
+                Err(failure @ (Failure::Connect(_) | Failure::Refused(_)))
+                    if tried.len() < set.len() && Instant::now() < deadline =>
+                {
                     let error = self.failed(instance, failure);
                     tracing::debug!(upstream = %self.name, instance = %instance.label, error = %error, "never sent; trying another instance");
                 }
@@ -405,46 +428,26 @@ impl Upstream {
         if set.len() == 1 {
             return 0;
         }
-        let load = |i: usize| &*set[i].load;
-        let now = tokio::time::Instant::now();
+        let load = |i: usize| &*set[i].health.load;
+        let now = Instant::now();
         balance::pick(set.len(), load, tried, now, &mut |n| rand::random_range(0..n)).unwrap_or(0)
     }
 
-    fn connected(&self, instance: &Instance, ok: bool) -> Connected {
-        let connected = instance.load.connected(ok, &self.ejection, tokio::time::Instant::now());
-        if let (Connected::No(Some(_)), Some(metrics)) = (connected, &instance.metrics) {
-            metrics.ejections.inc();
-        }
-        if let Connected::No(Some(out_for)) = connected {
-            tracing::warn!(
-                upstream = %self.name,
-                instance = %instance.label,
-                out_for = ?out_for,
-                "an instance failed to connect {} times running; left out for {out_for:?}",
-                self.ejection.after
-            );
-        }
-        connected
-    }
-
-    /// The error of a failed exchange, noted against its instance's health.
+    /// The error of a failed exchange, noted against its instance's health (a connect
+    /// failure was, by the connector).
     fn failed(&self, instance: &Instance, failure: Failure) -> UpstreamError {
-        if let Some(metrics) = &instance.metrics {
-            match failure {
-                Failure::Connect(_) => metrics.connect_failed.inc(),
-                Failure::Refused(_) => metrics.refused.inc(),
-                Failure::Sent(_) => metrics.broken.inc(),
-            };
-        }
         let upstream = self.name.clone();
         match failure {
-            Failure::Connect(e) => {
-                self.connected(instance, false);
+            Failure::Connect(e) => UpstreamError::Unreachable { upstream, detail: error_chain(&e) },
+            // The instance answered at the protocol level: it is up.
+            Failure::Refused(e) => {
+                instance.health.refused();
                 UpstreamError::Unreachable { upstream, detail: error_chain(&e) }
             }
-            // The instance answered at the protocol level: it is up.
-            Failure::Refused(e) => UpstreamError::Unreachable { upstream, detail: error_chain(&e) },
-            Failure::Sent(e) => UpstreamError::Failed { upstream, detail: error_chain(&e) },
+            Failure::Sent(e) => {
+                instance.health.broke();
+                UpstreamError::Failed { upstream, detail: error_chain(&e) }
+            }
         }
     }
 
@@ -464,7 +467,9 @@ impl Template {
     /// to at each connection.
     fn instance(&self, authority: Authority, pinned: Option<SocketAddr>, metrics: Option<InstanceMetrics>) -> Instance {
         let scheme = &self.scheme;
-        let dial = |address| Dial::new(self.tls.clone(), self.connect_timeout, pinned, address);
+        let label = pinned.map_or_else(|| authority.to_string(), |address| address.to_string());
+        let health = Arc::new(Health::new(&self.upstream, &label, self.ejection, metrics));
+        let dial = |address| Dial::new(self.tls.clone(), self.connect_timeout, pinned, address, Arc::clone(&health));
         let (dial, key, host) = if *scheme == Scheme::HTTPS {
             (dial(None), authority.clone(), None)
         } else {
@@ -479,8 +484,7 @@ impl Template {
             }
         };
         let client = Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(60)).build(dial);
-        let label = pinned.map_or_else(|| authority.to_string(), |address| address.to_string());
-        Instance { authority, pinned, label, key, host, client, load: Arc::new(Load::default()), metrics }
+        Instance { authority, pinned, label, key, host, client, health }
     }
 }
 
@@ -497,8 +501,8 @@ impl Instance {
         if let Some(host) = &self.host {
             request.headers_mut().insert(http::header::HOST, host.clone());
         }
-        let _in_flight = self.load.begin();
-        let _counted = self.metrics.as_ref().map(|m| {
+        let _in_flight = self.health.load.begin();
+        let _counted = self.health.metrics.as_ref().map(|m| {
             m.requests.inc();
             m.in_flight.inc();
             Counted(&m.in_flight)

@@ -230,6 +230,7 @@ mod tests {
             scheme: Scheme::HTTP,
             tls: crate::outbound::tls_config(crate::outbound::Roots::None).unwrap(),
             connect_timeout: Duration::from_secs(1),
+            ejection: crate::config::default_ejection(),
         };
         let authority = Authority::from_static(authority);
         let first =
@@ -296,7 +297,7 @@ mod tests {
         let (registry, metrics) = families();
         let before = resolved(&metrics);
         before.apply(vec![at("10.0.0.5:3000"), at("10.0.0.6:3000")]);
-        before.current()[0].metrics.as_ref().unwrap().requests.inc();
+        before.current()[0].health.metrics.as_ref().unwrap().requests.inc();
         let after = resolved(&metrics);
         after.carry_over(&before);
         let elsewhere = resolved_at(&metrics, "payments.internal:3000");

@@ -48,8 +48,25 @@ where
         > + Send
         + 'static,
 {
-    use hyper_util::rt::{TokioExecutor, TokioIo};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    serve_http_on(listener, state, answer)
+}
+
+/// As [`serve_http`], on a listener of the caller's; returns its address.
+pub fn serve_http_on<S, F, Fut>(
+    listener: tokio::net::TcpListener,
+    state: std::sync::Arc<S>,
+    answer: F,
+) -> std::net::SocketAddr
+where
+    S: Send + Sync + 'static,
+    F: Fn(std::sync::Arc<S>, http::Request<hyper::body::Incoming>) -> Fut + Copy + Send + Sync + 'static,
+    Fut: std::future::Future<
+            Output = Result<http::Response<http_body_util::Full<bytes::Bytes>>, std::convert::Infallible>,
+        > + Send
+        + 'static,
+{
+    use hyper_util::rt::{TokioExecutor, TokioIo};
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
         loop {

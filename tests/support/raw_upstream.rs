@@ -1,11 +1,17 @@
 //! An upstream that executes each request and then fails to answer it properly, over raw TCP:
-//! the cases where the gateway cannot know whether the upstream acted.
+//! the cases where the gateway cannot know whether the upstream acted. And instances that
+//! fail below HTTP: one whose connects hang ([`Hanging`]), one that resets every connection
+//! ([`resetting`]).
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+
+use super::upstream::TestUpstream;
 
 /// How the upstream fails after it has read (and "executed") a request.
 #[derive(Debug, Clone, Copy)]
@@ -143,4 +149,55 @@ async fn serve(mut stream: TcpStream, heads: Arc<Mutex<Vec<String>>>, mode: Arc<
             }
         }
     }
+}
+
+/// An instance whose connects hang: a listener that accepts nothing, its accept queue filled
+/// first. Linux then drops every SYN it is sent, and a connect waits until its own timeout,
+/// as with a host that is down or a server whose backlog overflowed.
+pub struct Hanging {
+    pub addr: SocketAddr,
+    listener: TcpListener,
+    /// The connections that fill the accept queue, kept open.
+    _fillers: Vec<TcpStream>,
+}
+
+impl Hanging {
+    pub async fn start() -> Self {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        // A backlog of 0 holds one connection (two on some kernels); the rest hang.
+        let listener = socket.listen(0).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut fillers = Vec::new();
+        for _ in 0..8 {
+            match tokio::time::timeout(Duration::from_millis(300), TcpStream::connect(addr)).await {
+                Ok(Ok(stream)) => fillers.push(stream),
+                Ok(Err(e)) => panic!("connecting to the listener being filled: {e}"),
+                Err(_) => return Self { addr, listener, _fillers: fillers },
+            }
+        }
+        panic!("the accept queue of {addr} never filled: connects to it would not hang");
+    }
+
+    /// Comes back: accepts what waits and what comes, and answers as a [`TestUpstream`].
+    pub fn come_back(self) -> TestUpstream {
+        TestUpstream::on(self.listener)
+    }
+}
+
+/// An instance that accepts every connection and resets it at once (`SO_LINGER` 0), before
+/// reading a byte: every exchange with it breaks before any answer. Counts the connections.
+pub async fn resetting() -> (SocketAddr, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&accepted);
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            counted.fetch_add(1, Ordering::SeqCst);
+            let _ = stream.set_zero_linger();
+            drop(stream);
+        }
+    });
+    (addr, accepted)
 }

@@ -63,6 +63,13 @@ impl TestUpstream {
         Self { addr, state }
     }
 
+    /// One that answers on `listener`, from now on.
+    pub fn on(listener: tokio::net::TcpListener) -> Self {
+        let state = Arc::new(State { seen: Mutex::default(), behavior: Mutex::new(Behavior::default()) });
+        let addr = super::serve_http_on(listener, Arc::clone(&state), answer);
+        Self { addr, state }
+    }
+
     pub fn set(&self, f: impl FnOnce(&mut Behavior)) {
         f(&mut self.state.behavior.lock().unwrap());
     }

@@ -5,7 +5,7 @@
 //!
 //! | how it ended | the key | the client gets |
 //! |---|---|---|
-//! | not sent | released, attempt given back | the pass-through route's error |
+//! | not sent (no connection, or none yet when the timeout passed) | released, attempt given back | the pass-through route's error |
 //! | sent, no answer head (timeout, reset) | released (`unknown_outcome`) | the pass-through route's error |
 //! | whole answer within `max_stored_body`, status in `store_statuses` | completed | the answer, streamed; its end waits for the settle |
 //! | larger answer, status in `store_statuses` | executed (`response-not-stored`) | the answer, streamed |
@@ -83,10 +83,12 @@ impl Exchange {
         // What the client waits for a store write, at most: a pass-through route makes it wait
         // for none, and a store that is down must not hold answers for a whole lease.
         let cap = rt.store.call_timeout().max(Duration::from_secs(1));
-        // As on a pass-through route, the upstream's timeout covers the answer's head.
+        // As on a pass-through route, the upstream's timeout covers the answer's head; a
+        // request still waiting for a connection when it passes was never sent.
+        let deadline = Instant::now() + upstream.timeout();
         let call = std::pin::pin!(async {
             tokio::select! {
-                sent = tokio::time::timeout(upstream.timeout(), upstream.send(request)) => Some(sent),
+                sent = upstream.send(request, deadline) => Some(sent),
                 () = abandon.cancelled() => None,
             }
         });
@@ -94,8 +96,8 @@ impl Exchange {
         let head = keeper.renewing(&lease, call).await;
         let took = started.elapsed();
         let response = match head {
-            Some(Ok(Ok(response))) => response,
-            Some(Ok(Err(e))) if e.never_sent() => {
+            Some(Ok(response)) => response,
+            Some(Err(e)) if e.never_sent() => {
                 end_span(span, Err(e.to_string()), &route, took);
                 let release = keeper.release(lease, Sent::No, ReleaseReason::NotSent);
                 within(cap, release, || {
@@ -106,8 +108,7 @@ impl Exchange {
             }
             failed => {
                 let failed = match failed {
-                    Some(Ok(Err(e))) => Err(e),
-                    Some(Err(_)) => Err(upstream.timed_out()),
+                    Some(Err(e)) => Err(e),
                     _ => Ok(()),
                 };
                 // Sent, and no answer: released, so that enforcing never starts with keys held
