@@ -590,6 +590,27 @@ fn check_warns_about_leases_that_undermine_the_guarantee_but_accepts_them() {
 }
 
 #[test]
+fn check_warns_when_a_connect_may_take_the_whole_timeout() {
+    // timeout below the default connect_timeout (5s): the table's line; equal to a
+    // connect_timeout set: its own line.
+    for (lines, line, said) in [
+        ("timeout = \"1s\"", 8, "5s is not shorter than timeout (1s)"),
+        ("timeout = \"2s\"\nconnect_timeout = \"2s\"", 11, "2s is not shorter than timeout (2s)"),
+    ] {
+        let text =
+            MINIMAL.replace("url = \"http://127.0.0.1:3000\"", &format!("url = \"http://127.0.0.1:3000\"\n{lines}"));
+        let (ok, _, stderr) = check(&text);
+        assert!(ok, "warnings do not fail the check: {stderr}");
+        let want = format!("gw.toml:{line}: warning: upstreams.app.connect_timeout: {said}: a connect that hangs");
+        assert!(stderr.contains(&want), "no {want:?} in {stderr}");
+    }
+    // Shorter: no such warning.
+    let text = MINIMAL.replace("url = \"http://127.0.0.1:3000\"", "url = \"http://127.0.0.1:3000\"\ntimeout = \"6s\"");
+    let (_, _, stderr) = check(&text);
+    assert!(!stderr.contains("connect_timeout"), "{stderr}");
+}
+
+#[test]
 fn the_admin_token_may_come_from_the_environment_and_a_public_admin_listener_is_warned_about() {
     let with =
         |lines: &str| MINIMAL.replace("listen = \"127.0.0.1:8080\"", &format!("listen = \"127.0.0.1:8080\"\n{lines}"));

@@ -374,7 +374,7 @@ fn every_warning_of_check_is_documented() {
     let text = "[server]\nlisten = \"127.0.0.1:0\"\nadmin_listen = \"0.0.0.0:19091\"\n\
         admin_token = \"change-me-to-a-long-random-string\"\nshutdown_grace = \"30s\"\n\
         [store]\nbackend = \"memory\"\ntimeout = \"2s\"\n\
-        [upstreams.app]\nurl = \"http://127.0.0.1:3000\"\ntimeout = \"10s\"\n\
+        [upstreams.app]\nurl = \"http://127.0.0.1:3000\"\ntimeout = \"10s\"\nconnect_timeout = \"10s\"\n\
         [[routes]]\nname = \"a\"\npath = \"/a\"\nupstream = \"app\"\n\
         [routes.idempotency]\nlease = \"5s\"\nrenew = false\n\
         [[routes]]\nname = \"b\"\npath = \"/b\"\nupstream = \"app\"\n\
@@ -392,8 +392,9 @@ fn every_warning_of_check_is_documented() {
         .map(|key| key.rsplit('.').next().unwrap_or(key).to_owned())
         .collect();
     // admin_token, admin_listen, lease (twice: renew and store timeout), shutdown_grace,
-    // idempotency (no lookup), path, answer_status, hosts and methods (what falls through).
-    assert!(keys.len() >= 9, "{lines:#?}");
+    // idempotency (no lookup), path, answer_status, hosts and methods (what falls through),
+    // connect_timeout.
+    assert!(keys.len() >= 10, "{lines:#?}");
     let docs = read("docs/configuration.md");
     let listed = ticked_between(&docs, "`idemgate check` also warns", "The gateway logs the same");
     for key in &keys {

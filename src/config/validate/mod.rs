@@ -108,8 +108,20 @@ pub(super) fn body_limit(issues: &mut Issues, key: &str, value: Option<HumanSize
 ///   path.
 /// - Unsafe requests on a keyed path that another host's or method's route takes without
 ///   enforcing ([`fallthrough`]).
+/// - An upstream whose `connect_timeout` is not shorter than its `timeout`: see the message.
 pub(super) fn warnings(config: &Config) -> Vec<Issue> {
     let mut out = Issues::default();
+    for upstream in config.upstreams.iter().filter(|u| u.connect_timeout >= u.timeout) {
+        out.add(
+            format!("upstreams.{}.connect_timeout", upstream.name),
+            format!(
+                "{:?} is not shorter than timeout ({:?}): a connect that hangs takes the request's whole timeout, \
+                 and the request fails unsent instead of going to another instance; set connect_timeout well \
+                 below timeout",
+                upstream.connect_timeout, upstream.timeout
+            ),
+        );
+    }
     if config.server.admin_token.as_deref().map(str::trim) == Some(crate::config::defaults::SAMPLE_ADMIN_TOKEN) {
         out.add(
             "server.admin_token",
