@@ -343,7 +343,11 @@ fn instance_urls_and_ejection_are_checked_and_each_mistake_explained() {
     let with = |lines: &str| MINIMAL.replace("url = \"http://127.0.0.1:3000\"", lines);
     let config = Config::from_toml(&with("urls = [\"http://10.0.0.5:3000\", \"http://10.0.0.6:3000/\"]"), "t").unwrap();
     assert_eq!(config.upstreams[0].urls.len(), 2);
-    assert_eq!(config.upstreams[0].ejection.after, 3);
+    let ejection = config.upstreams[0].ejection;
+    assert_eq!((ejection.after, ejection.after_broken, ejection.after_gateway_errors), (3, 5, 5));
+    let off = "url = \"http://a:1\"\neject_after_broken = 0\neject_after_gateway_errors = 1000";
+    let ejection = Config::from_toml(&with(off), "t").unwrap().upstreams[0].ejection;
+    assert_eq!((ejection.after_broken, ejection.after_gateway_errors), (0, 1000));
     assert_issue(&with("urls = []"), "upstreams.app.urls", "is empty");
     assert_issue(
         &with("url = \"http://a:1\"\nurls = [\"http://b:1\"]"),
@@ -372,6 +376,18 @@ fn instance_urls_and_ejection_are_checked_and_each_mistake_explained() {
     let url = "url = \"http://a:1\"";
     assert_issue(&with(&format!("{url}\neject_after = 0")), "upstreams.app.eject_after", "between 1 and 1000");
     assert_issue(&with(&format!("{url}\neject_for = \"1h\"")), "upstreams.app.eject_for", "at most");
+    let broken = "upstreams.app.eject_after_broken";
+    assert_issue(
+        &with(&format!("{url}\neject_after_broken = 1001")),
+        broken,
+        "between 1 and 1000 broken exchanges, or 0",
+    );
+    let gateway = "upstreams.app.eject_after_gateway_errors";
+    assert_issue(
+        &with(&format!("{url}\neject_after_gateway_errors = 5000")),
+        gateway,
+        "502, 503 or 504, or 0 for never",
+    );
 }
 
 #[test]

@@ -677,3 +677,127 @@ async fn a_lone_instance_whose_connect_hangs_is_told_unreachable_and_the_key_run
     assert_eq!(live.seen()[0].headers["idempotency-attempt"], "1");
     gw.shutdown().await;
 }
+
+/// `config` with `lines` added to the upstream's table.
+fn config_with(urls: &[String], lines: &str) -> String {
+    let toml = config(urls);
+    assert!(toml.contains("eject_for = \"30s\"\n"));
+    toml.replace("eject_for = \"30s\"\n", &format!("eject_for = \"30s\"\n{lines}\n"))
+}
+
+/// Sends 40 orders to `[resetter, live]` (`eject_after = 2`, `eject_after_broken = 3`); the
+/// keys answered 502 `outcome-unknown`. Checks that no key ran twice, that none of those ran
+/// on the live instance (nor does on its retry), and that the resetter was left out once.
+async fn reset_of_40(gw: &TestGateway, resetter: SocketAddr, live: &TestUpstream) -> Vec<String> {
+    let client = gw.client();
+    let mut unknown = Vec::new();
+    for i in 0..40 {
+        let key = format!("reset-{i}");
+        let r = client.post_json("/orders", Some(&key), ORDER).await;
+        match r.status.as_u16() {
+            201 => {}
+            // Reset after the request was written: it may have been read.
+            502 if r.problem() == "outcome-unknown" => unknown.push(key),
+            _ => panic!("{key}: {r:?}"),
+        }
+    }
+    // What it may have taken stays unknown: retries are refused, and never reach the live one.
+    for key in &unknown {
+        let r = client.post_json("/orders", Some(key), ORDER).await;
+        assert_eq!((r.status.as_u16(), r.problem()), (502, "outcome-unknown".to_owned()), "{key}: {r:?}");
+    }
+    let ran = executions(&[live]);
+    assert_eq!(ran.len() + unknown.len(), 40, "{ran:?} {unknown:?}");
+    assert!(ran.values().all(|&n| n == 1), "a key ran twice: {ran:?}");
+    for key in &unknown {
+        assert!(!ran.contains_key(key), "{key} ran elsewhere: {ran:?}");
+    }
+    let metrics = metrics(gw).await;
+    assert_eq!(instance_series(&metrics, "ejections_total", resetter, ""), 1, "{metrics}");
+    unknown
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_that_resets_every_exchange_is_left_out_and_nothing_it_took_is_sent_again() {
+    // It reads what the gateway writes, then resets: every exchange breaks after it was sent.
+    let (resetter, reset) = support::raw_upstream::resetting(true).await;
+    let live = TestUpstream::start().await;
+    let urls = [format!("http://{resetter}"), format!("http://{}", live.addr)];
+    let gw = TestGateway::start(&config_with(&urls, "eject_after_broken = 3")).await;
+    let unknown = reset_of_40(&gw, resetter, &live).await;
+    // Three exchanges broke running (eject_after_broken = 3); then it was left out (30 s).
+    assert_eq!(reset.load(std::sync::atomic::Ordering::SeqCst), 3, "what reached the resetter");
+    assert_eq!(unknown.len(), 3, "{unknown:?}");
+    let metrics = metrics(&gw).await;
+    assert_eq!(instance_series(&metrics, "failures_total", resetter, ",kind=\"broken\""), 3, "{metrics}");
+    assert_eq!(instance_series(&metrics, "ejection_reasons_total", resetter, ",reason=\"broken\""), 1);
+    assert_eq!(instance_series(&metrics, "ejection_reasons_total", resetter, ",reason=\"connect\""), 0);
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_that_resets_every_connection_at_once_is_left_out() {
+    // Reset as soon as accepted: a connection found reset before the request was written is a
+    // connect failure (never sent: the request goes to the live instance), one reset after, a
+    // broken exchange (unknown). Either run leaves it out: a connect failure does not end the
+    // broken run, and a connection made ends only the connect run, so at most 6 reach it.
+    let (resetter, reset) = support::raw_upstream::resetting(false).await;
+    let live = TestUpstream::start().await;
+    let urls = [format!("http://{resetter}"), format!("http://{}", live.addr)];
+    let gw = TestGateway::start(&config_with(&urls, "eject_after_broken = 3")).await;
+    let unknown = reset_of_40(&gw, resetter, &live).await;
+    let reset = reset.load(std::sync::atomic::Ordering::SeqCst);
+    assert!((2..=6).contains(&reset), "{reset} connections reached the resetter");
+    assert!(unknown.len() <= 3, "{unknown:?}");
+    gw.shutdown().await;
+}
+
+/// Sends 40 requests, keyed orders or pass-through GETs, to `[failing, live]` where `failing`
+/// answers 503, 504, then 502 to everything, with `eject_after_gateway_errors = 3`; checks
+/// what reached each.
+async fn gateway_errors_leave_an_instance_out(keyed: bool) {
+    let failing = TestUpstream::with(Behavior {
+        statuses: [503, 504].into_iter().collect(),
+        default_status: 502,
+        ..Behavior::default()
+    })
+    .await;
+    let live = TestUpstream::start().await;
+    let urls = [format!("http://{}", failing.addr), format!("http://{}", live.addr)];
+    let gw = TestGateway::start(&config_with(&urls, "eject_after_gateway_errors = 3")).await;
+    let client = gw.client();
+    for i in 0..40 {
+        let r = match keyed {
+            true => client.post_json("/orders", Some(&format!("gateway-{i}")), ORDER).await,
+            false => client.get(&format!("/items/{i}"), &[]).await,
+        };
+        // The failing instance's own answers reach the client; nothing is sent again.
+        assert!([201, 502, 503, 504].contains(&r.status.as_u16()), "request {i}: {r:?}");
+        assert!(r.header("x-execution").is_some(), "request {i} was not answered by an instance: {r:?}");
+    }
+    // Three gateway errors running, none ending the run of the others: left out (30 s).
+    assert_eq!(failing.executions(), 3, "what reached the failing instance");
+    assert_eq!(live.executions(), 37);
+    let all = executions(&[&failing, &live]);
+    assert_eq!(all.values().sum::<usize>(), 40);
+    if keyed {
+        assert_eq!(all.len(), 40, "a key ran twice: {all:?}");
+    }
+    let metrics = metrics(&gw).await;
+    let at = failing.addr;
+    assert_eq!(instance_series(&metrics, "failures_total", at, ",kind=\"gateway_error\""), 3, "{metrics}");
+    assert_eq!(instance_series(&metrics, "ejection_reasons_total", at, ",reason=\"gateway_error\""), 1);
+    assert_eq!(instance_series(&metrics, "ejections_total", at, ""), 1);
+    assert_eq!(instance_series(&metrics, "failures_total", live.addr, ",kind=\"gateway_error\""), 0);
+    gw.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_answering_gateway_errors_is_left_out_on_a_keyed_route() {
+    gateway_errors_leave_an_instance_out(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_answering_gateway_errors_is_left_out_on_a_pass_through_route() {
+    gateway_errors_leave_an_instance_out(false).await;
+}

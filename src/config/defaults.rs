@@ -30,6 +30,11 @@ pub const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Connect failures running that leave an instance out of the balance.
 pub const EJECT_AFTER: u32 = 3;
+/// Exchanges running that broke before any answer (reset, closed) that leave an instance out.
+pub const EJECT_AFTER_BROKEN: u32 = 5;
+/// 502, 503 and 504 answers running that leave an instance out (Envoy's
+/// `consecutive_gateway_failure` default).
+pub const EJECT_AFTER_GATEWAY_ERRORS: u32 = 5;
 /// How long an instance is left out the first time; doubled while it keeps failing.
 pub const EJECT_FOR: Duration = Duration::from_secs(5);
 /// The longest an instance is left out.

@@ -208,6 +208,11 @@ pub struct UpstreamSection {
     pub resolve_every: Option<HumanDuration>,
     /// Connect failures running that leave an instance out of the balance.
     pub eject_after: Option<u32>,
+    /// Exchanges running that broke before any answer (reset, closed) that leave an instance
+    /// out of the balance; 0: never.
+    pub eject_after_broken: Option<u32>,
+    /// 502, 503 and 504 answers running that leave an instance out of the balance; 0: never.
+    pub eject_after_gateway_errors: Option<u32>,
     /// How long an instance is left out the first time; doubled while it keeps failing.
     pub eject_for: Option<HumanDuration>,
     /// Maximum time for the upstream to answer (for idempotent routes: the whole response).

@@ -212,7 +212,7 @@ pub struct UpstreamConfig {
     /// With one URL whose host is a name: look it up again this often, each address an
     /// instance.
     pub resolve_every: Option<Duration>,
-    /// When an instance that fails to connect is left out of the balance.
+    /// When an instance that keeps failing is left out of the balance.
     pub ejection: Ejection,
     /// Deadline of one upstream exchange.
     pub timeout: Duration,
@@ -222,12 +222,16 @@ pub struct UpstreamConfig {
     pub ca_file: Option<PathBuf>,
 }
 
-/// When an instance of an upstream that fails to connect is left out of the balance, and for
-/// how long (`eject_after`, `eject_for`).
+/// When an instance of an upstream that keeps failing is left out of the balance, and for
+/// how long (`eject_after`, `eject_after_broken`, `eject_after_gateway_errors`, `eject_for`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ejection {
     /// Connect failures running that leave an instance out.
     pub after: u32,
+    /// Exchanges running that broke before any answer that leave an instance out; 0: never.
+    pub after_broken: u32,
+    /// 502, 503 and 504 answers running that leave an instance out; 0: never.
+    pub after_gateway_errors: u32,
     /// The first time it is left out.
     pub base: Duration,
     /// The longest.
@@ -239,7 +243,13 @@ pub(crate) const MAX_INSTANCES: usize = defaults::MAX_INSTANCES;
 
 /// When an instance is left out, as an `[upstreams.NAME]` without `eject_*` says.
 pub(crate) fn default_ejection() -> Ejection {
-    Ejection { after: defaults::EJECT_AFTER, base: defaults::EJECT_FOR, max: defaults::EJECT_MAX }
+    Ejection {
+        after: defaults::EJECT_AFTER,
+        after_broken: defaults::EJECT_AFTER_BROKEN,
+        after_gateway_errors: defaults::EJECT_AFTER_GATEWAY_ERRORS,
+        base: defaults::EJECT_FOR,
+        max: defaults::EJECT_MAX,
+    }
 }
 
 /// `[[routes]]`

@@ -1,6 +1,6 @@
 //! The instances of upstreams with several (`urls`, or a name resolved again with
-//! `resolve_every`): requests, failures by kind, ejections and requests in flight, labelled
-//! `upstream` and `instance` (its address as configured, or as resolved).
+//! `resolve_every`): requests, failures by kind, ejections (and why) and requests in flight,
+//! labelled `upstream` and `instance` (its address as configured, or as resolved).
 //!
 //! The hazard is an unbounded label: instances come and go with reloads and with DNS. A
 //! series lives exactly as long as some instance holds its handles: the last
@@ -31,13 +31,23 @@ struct InstanceFailure {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct InstanceEjection {
+    upstream: String,
+    instance: String,
+    reason: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct Lookup {
     upstream: String,
     outcome: &'static str,
 }
 
 /// Why an exchange with an instance failed, as `kind` says it.
-const KINDS: [&str; 3] = ["connect", "refused", "broken"];
+const KINDS: [&str; 4] = ["connect", "refused", "broken", "gateway_error"];
+
+/// Why an instance was left out, as `reason` says it: what it failed at, so many times running.
+const REASONS: [&str; 3] = ["connect", "broken", "gateway_error"];
 
 /// The per-instance families, registered once.
 #[derive(Default)]
@@ -45,6 +55,8 @@ pub struct Instances {
     requests: Family<Instance, Counter>,
     failures: Family<InstanceFailure, Counter>,
     ejections: Family<Instance, Counter>,
+    /// The same ejections, by why.
+    ejection_reasons: Family<InstanceEjection, Counter>,
     in_flight: Family<Instance, Gauge>,
     /// Lookups of resolved upstreams' names, by outcome: as many series as upstream names.
     lookups: Family<Lookup, Counter>,
@@ -64,12 +76,25 @@ pub struct InstanceMetrics {
     pub refused: Counter,
     /// The exchange broke after the request may have been written.
     pub broken: Counter,
+    /// It answered 502, 503 or 504.
+    pub gateway_error: Counter,
     /// Times it was left out of the balance.
     pub ejections: Counter,
+    /// The same, by reason ([`REASONS`]).
+    ejected_because: [(&'static str, Counter); 3],
     /// Requests waiting for its answer's head.
     pub in_flight: Gauge,
     /// Shared by every clone: the series go when the last one does.
     _holder: Arc<Holder>,
+}
+
+impl InstanceMetrics {
+    /// Counts an ejection's `reason` (one of [`REASONS`]; another is not counted).
+    pub fn ejected(&self, reason: &str) {
+        if let Some((_, counter)) = self.ejected_because.iter().find(|(r, _)| *r == reason) {
+            counter.inc();
+        }
+    }
 }
 
 impl std::fmt::Debug for InstanceMetrics {
@@ -103,13 +128,18 @@ impl Instances {
         );
         registry.register(
             "upstream_instance_failures",
-            "Failed exchanges by instance and kind: connect (never sent), refused (an HTTP/2 stream not processed), broken (sent; outcome unknown)",
+            "Failed exchanges by instance and kind: connect (never sent), refused (an HTTP/2 stream not processed), broken (sent; outcome unknown), gateway_error (it answered 502, 503 or 504)",
             self.failures.clone(),
         );
         registry.register(
             "upstream_instance_ejections",
-            "Times an instance was left out of the balance after failing to connect eject_after times running",
+            "Times an instance was left out of the balance after failing eject_after, eject_after_broken or eject_after_gateway_errors times running",
             self.ejections.clone(),
+        );
+        registry.register(
+            "upstream_instance_ejection_reasons",
+            "Times an instance was left out of the balance, by reason: connect (eject_after), broken (eject_after_broken), gateway_error (eject_after_gateway_errors)",
+            self.ejection_reasons.clone(),
         );
         registry.register(
             "upstream_instance_in_flight",
@@ -136,6 +166,10 @@ impl Instances {
             let label = InstanceFailure { upstream: upstream.to_owned(), instance: instance.to_owned(), kind };
             self.failures.get_or_create(&label).clone()
         };
+        let ejected = |reason| {
+            let label = InstanceEjection { upstream: upstream.to_owned(), instance: instance.to_owned(), reason };
+            (reason, self.ejection_reasons.get_or_create(&label).clone())
+        };
         // Counted under the lock that `release` removes under: a pair is never removed while
         // a holder is being made.
         let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
@@ -145,7 +179,9 @@ impl Instances {
             connect_failed: failure(KINDS[0]),
             refused: failure(KINDS[1]),
             broken: failure(KINDS[2]),
+            gateway_error: failure(KINDS[3]),
             ejections: self.ejections.get_or_create(&label).clone(),
+            ejected_because: REASONS.map(ejected),
             in_flight: self.in_flight.get_or_create(&label).clone(),
             _holder: Arc::new(Holder {
                 families: Arc::clone(self),
@@ -176,6 +212,13 @@ impl Instances {
         for kind in KINDS {
             self.failures.remove(&InstanceFailure { upstream: pair.0.clone(), instance: pair.1.clone(), kind });
         }
+        for reason in REASONS {
+            self.ejection_reasons.remove(&InstanceEjection {
+                upstream: pair.0.clone(),
+                instance: pair.1.clone(),
+                reason,
+            });
+        }
     }
 }
 
@@ -203,6 +246,7 @@ mod tests {
             "{before}"
         );
         assert!(before.contains("instance=\"10.0.0.6:3000\",kind=\"refused\"} 0"), "{before}");
+        assert!(before.contains("instance=\"10.0.0.6:3000\",reason=\"gateway_error\"} 0"), "{before}");
         drop(b);
         let after = text(&registry);
         assert!(after.contains("10.0.0.5:3000") && !after.contains("10.0.0.6:3000"), "{after}");

@@ -5,10 +5,14 @@
 //! shared state but a counter per instance, spreads evenly at equal load, and steers away
 //! from a slow instance, whose requests pile up.
 //!
-//! Passive health: an instance whose connections fail `eject_after` times running is left out
-//! for `eject_for`, doubled at each ejection that follows without a success between, up to
-//! `eject_max`. Never all of them: with every instance left out, the draw is among all, since
-//! a request that might connect beats one refused outright.
+//! Passive health (outlier detection, as Envoy's): an instance is left out for `eject_for`,
+//! doubled at each ejection that follows without a success between, up to `eject_max`, after
+//! `eject_after` connect failures running, `eject_after_broken` exchanges running that broke
+//! before any answer, or `eject_after_gateway_errors` answers 502, 503 or 504 running. Each
+//! kind keeps its own run; any other answer ends them all, and a connection made ends the
+//! connect run. A gateway error is an answer, but never a success: were it one, it would end
+//! the very run it adds to. Never all of them: with every instance left out, the draw is among
+//! all, since a request that might connect beats one refused outright.
 //!
 //! The hazard is a retry that goes elsewhere. Only a request that was never sent may (a
 //! failed connect; an HTTP/2 stream refused): the caller says which instances it tried, and
@@ -21,6 +25,37 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::config::Ejection;
+
+/// What went wrong with an instance, each kind with its own run and its own threshold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trouble {
+    /// No connection could be made.
+    Connect,
+    /// The exchange broke before any answer: reset, or closed.
+    Broken,
+    /// It answered 502, 503 or 504.
+    Gateway,
+}
+
+impl Trouble {
+    /// How metrics and logs name it.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Self::Connect => "connect",
+            Self::Broken => "broken",
+            Self::Gateway => "gateway_error",
+        }
+    }
+
+    /// How many running leave an instance out; 0: never.
+    pub fn after(self, rule: &Ejection) -> u32 {
+        match self {
+            Self::Connect => rule.after,
+            Self::Broken => rule.after_broken,
+            Self::Gateway => rule.after_gateway_errors,
+        }
+    }
+}
 
 /// One instance's state as the balancer sees it.
 #[derive(Debug, Default)]
@@ -36,8 +71,9 @@ pub struct Load {
 
 #[derive(Debug, Default)]
 struct Health {
-    /// Connect failures since the last connection made or answer.
-    failures: u32,
+    /// Each kind's failures running ([`Trouble`] as the index): since the last answer (that
+    /// was no gateway error), and for connects since the last connection made.
+    runs: [u32; 3],
     /// Ejections since the last success.
     ejections: u32,
     out_until: Option<Instant>,
@@ -80,20 +116,25 @@ impl Load {
     /// comes back, if left out, is for an answer to say.)
     pub fn dialed(&self) {
         if self.troubled.load(Ordering::Relaxed) {
-            self.health().failures = 0;
+            self.health().runs[Trouble::Connect as usize] = 0;
         }
     }
 
-    /// A connection to it could not be made; it is left out after `rule.after` running, and
-    /// `Some` says for how long.
-    pub fn failed(&self, rule: &Ejection, now: Instant) -> Option<Duration> {
-        let mut h = self.health();
-        self.troubled.store(true, Ordering::Relaxed);
-        h.failures += 1;
-        if h.failures < rule.after {
+    /// `trouble` with it; it is left out after [`Trouble::after`] running (never when that is
+    /// 0, and then no lock is taken), and `Some` says for how long.
+    pub fn failed(&self, trouble: Trouble, rule: &Ejection, now: Instant) -> Option<Duration> {
+        let after = trouble.after(rule);
+        if after == 0 {
             return None;
         }
-        h.failures = 0;
+        let mut h = self.health();
+        self.troubled.store(true, Ordering::Relaxed);
+        let run = &mut h.runs[trouble as usize];
+        *run += 1;
+        if *run < after {
+            return None;
+        }
+        *run = 0;
         let factor = 1u32.checked_shl(h.ejections.min(16)).unwrap_or(u32::MAX);
         let out_for = rule.base.saturating_mul(factor).min(rule.max);
         h.ejections = h.ejections.saturating_add(1);
@@ -144,34 +185,84 @@ pub fn pick<'a>(
 mod tests {
     use super::*;
 
-    const RULE: Ejection = Ejection { after: 3, base: Duration::from_secs(5), max: Duration::from_secs(40) };
+    const RULE: Ejection = Ejection {
+        after: 3,
+        after_broken: 2,
+        after_gateway_errors: 4,
+        base: Duration::from_secs(5),
+        max: Duration::from_secs(40),
+    };
+    const CONNECT: Trouble = Trouble::Connect;
 
     #[test]
     fn an_instance_is_left_out_after_failures_running_for_longer_each_time() {
         let load = Load::default();
         let now = Instant::now();
-        assert_eq!(load.failed(&RULE, now), None);
-        assert_eq!(load.failed(&RULE, now), None);
-        assert_eq!(load.failed(&RULE, now), Some(Duration::from_secs(5)));
+        assert_eq!(load.failed(CONNECT, &RULE, now), None);
+        assert_eq!(load.failed(CONNECT, &RULE, now), None);
+        assert_eq!(load.failed(CONNECT, &RULE, now), Some(Duration::from_secs(5)));
         assert!(load.out(now) && !load.out(now + Duration::from_secs(5)));
         // Still failing when it comes back: 10 s, 20 s, then the cap.
         for want in [10, 20, 40, 40] {
             for _ in 0..2 {
-                assert_eq!(load.failed(&RULE, now), None);
+                assert_eq!(load.failed(CONNECT, &RULE, now), None);
             }
-            assert_eq!(load.failed(&RULE, now), Some(Duration::from_secs(want)));
+            assert_eq!(load.failed(CONNECT, &RULE, now), Some(Duration::from_secs(want)));
         }
         // An answer forgets it all.
         load.answered();
         assert!(!load.out(now));
-        assert_eq!(load.failed(&RULE, now), None);
+        assert_eq!(load.failed(CONNECT, &RULE, now), None);
         // A connection made ends the run, but leaves an instance that is out where it is.
         load.dialed();
-        assert_eq!(load.failed(&RULE, now), None);
-        assert_eq!(load.failed(&RULE, now), None);
-        assert_eq!(load.failed(&RULE, now), Some(Duration::from_secs(5)));
+        assert_eq!(load.failed(CONNECT, &RULE, now), None);
+        assert_eq!(load.failed(CONNECT, &RULE, now), None);
+        assert_eq!(load.failed(CONNECT, &RULE, now), Some(Duration::from_secs(5)));
         load.dialed();
         assert!(load.out(now));
+    }
+
+    #[test]
+    fn broken_exchanges_and_gateway_errors_each_have_their_run_and_only_an_answer_ends_them() {
+        let now = Instant::now();
+        let (broken, gateway) = (Trouble::Broken, Trouble::Gateway);
+        // Two broken exchanges running (after_broken = 2): out for 5 s.
+        let load = Load::default();
+        assert_eq!(load.failed(broken, &RULE, now), None);
+        assert_eq!(load.failed(broken, &RULE, now), Some(Duration::from_secs(5)));
+        // Gateway errors: four running (after_gateway_errors = 4); a gateway error ends
+        // neither its own run nor a broken exchange's. Out for 5 s again: the answer between
+        // forgot the first ejection.
+        load.answered();
+        for _ in 0..3 {
+            assert_eq!(load.failed(gateway, &RULE, now), None);
+        }
+        assert_eq!(load.failed(broken, &RULE, now), None);
+        assert_eq!(load.failed(gateway, &RULE, now), Some(Duration::from_secs(5)));
+        assert!(load.out(now));
+        // The kinds do not add up: one connect failure, one broken exchange, three gateway
+        // errors leave it in; a connection made ends only the connect run.
+        let load = Load::default();
+        load.failed(CONNECT, &RULE, now);
+        load.failed(CONNECT, &RULE, now);
+        load.dialed();
+        load.failed(broken, &RULE, now);
+        for _ in 0..3 {
+            load.failed(gateway, &RULE, now);
+        }
+        assert_eq!(load.failed(CONNECT, &RULE, now), None);
+        assert!(!load.out(now));
+        assert_eq!(load.failed(broken, &RULE, now), Some(Duration::from_secs(5)));
+        // An answer ends every run; 0 turns a kind off, without taking the lock.
+        load.answered();
+        assert_eq!(load.failed(gateway, &RULE, now), None);
+        let off = Ejection { after_broken: 0, after_gateway_errors: 0, ..RULE };
+        let load = Load::default();
+        for _ in 0..100 {
+            assert_eq!(load.failed(broken, &off, now), None);
+            assert_eq!(load.failed(gateway, &off, now), None);
+        }
+        assert!(!load.troubled.load(Ordering::Relaxed));
     }
 
     #[test]
@@ -189,14 +280,14 @@ mod tests {
         assert_eq!(pick(3, refs, &[0, 1, 2], now, &mut |_| 0), None);
         // Left out: skipped while another is healthy, drawn when none is.
         for _ in 0..3 {
-            loads[1].failed(&RULE, now);
-            loads[2].failed(&RULE, now);
+            loads[1].failed(CONNECT, &RULE, now);
+            loads[2].failed(CONNECT, &RULE, now);
         }
         for draw in 0..3 {
             assert_eq!(pick(3, refs, &[], now, &mut |n| draw % n), Some(0));
         }
         for _ in 0..3 {
-            loads[0].failed(&RULE, now);
+            loads[0].failed(CONNECT, &RULE, now);
         }
         let mut seen = [false; 3];
         for draw in 0..3 {

@@ -35,7 +35,7 @@ tokio::task_local! {
 
 /// Runs `send` with `deadline` as the latest end of any dial it starts.
 ///
-/// Hazard: the deadline is read when the dial starts ([`Dial::call`], which the pool calls
+/// Hazard: the deadline is read when the dial starts ([`Dial`]'s `call`, which the pool calls
 /// while polling the request's own future), never while it runs: a dial whose request got a
 /// kept connection instead goes on in a task of the pool's, outside this scope, and keeps
 /// the bound it started with.
@@ -209,8 +209,8 @@ mod tests {
 
     /// An instance's health that leaves it out at its first connect failure.
     fn health() -> Arc<Health> {
-        let rule = Ejection { after: 1, base: Duration::from_secs(5), max: Duration::from_secs(5) };
-        Arc::new(Health::new("app", "10.0.0.5:3000", rule, None))
+        let rule = Ejection { after: 1, ..crate::config::default_ejection() };
+        Arc::new(Health::new("app", "10.0.0.5:3000", rule, true, None))
     }
 
     /// A connect that never ends.

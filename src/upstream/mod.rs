@@ -3,7 +3,7 @@
 //!
 //! Each instance has a pool of its own; a request goes to one of them, chosen by
 //! [`balance`] (least outstanding requests over two random choices, instances that keep
-//! failing to connect left out for a while). A request that was never sent — no connection
+//! failing left out for a while: see [`health`]). A request that was never sent — no connection
 //! could be made (or none yet when its deadline passed: see [`dial`]), or an HTTP/2 stream
 //! the instance refused or never processed (RFC 9113 §8.7) — may go to another instance when
 //! its body is buffered ([`Upstream::send_buffered`]); one that was sent never does: its
@@ -126,6 +126,19 @@ impl Failure {
     }
 }
 
+/// Whether an exchange broke by the gateway's side: the request's own body failed (a client
+/// whose upload broke off on a pass-through route), which says nothing about the instance.
+fn ours(e: &hyper_util::client::legacy::Error) -> bool {
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        if let Some(hyper) = c.downcast_ref::<hyper::Error>() {
+            return hyper.is_user();
+        }
+        cause = c.source();
+    }
+    false
+}
+
 /// Why an upstream could not be set up at start.
 #[derive(Debug, Error)]
 pub enum UpstreamSetupError {
@@ -206,6 +219,9 @@ struct Template {
     connect_timeout: Duration,
     /// When an instance is left out.
     ejection: Ejection,
+    /// Whether broken exchanges and gateway errors count toward it: on an upstream that may
+    /// have several instances, never on the one instance of another.
+    outliers: bool,
 }
 
 /// One instance of an upstream: its address and its pool.
@@ -255,6 +271,7 @@ impl Upstream {
             tls: tls_config(config)?,
             connect_timeout: config.connect_timeout,
             ejection: config.ejection,
+            outliers: config.urls.len() > 1 || config.resolve_every.is_some(),
         };
         let mut instances = Vec::with_capacity(config.urls.len());
         for url in &config.urls {
@@ -445,7 +462,7 @@ impl Upstream {
                 UpstreamError::Unreachable { upstream, detail: error_chain(&e) }
             }
             Failure::Sent(e) => {
-                instance.health.broke();
+                instance.health.broke(ours(&e));
                 UpstreamError::Failed { upstream, detail: error_chain(&e) }
             }
         }
@@ -468,7 +485,7 @@ impl Template {
     fn instance(&self, authority: Authority, pinned: Option<SocketAddr>, metrics: Option<InstanceMetrics>) -> Instance {
         let scheme = &self.scheme;
         let label = pinned.map_or_else(|| authority.to_string(), |address| address.to_string());
-        let health = Arc::new(Health::new(&self.upstream, &label, self.ejection, metrics));
+        let health = Arc::new(Health::new(&self.upstream, &label, self.ejection, self.outliers, metrics));
         let dial = |address| Dial::new(self.tls.clone(), self.connect_timeout, pinned, address, Arc::clone(&health));
         let (dial, key, host) = if *scheme == Scheme::HTTPS {
             (dial(None), authority.clone(), None)

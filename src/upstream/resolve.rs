@@ -231,6 +231,7 @@ mod tests {
             tls: crate::outbound::tls_config(crate::outbound::Roots::None).unwrap(),
             connect_timeout: Duration::from_secs(1),
             ejection: crate::config::default_ejection(),
+            outliers: true,
         };
         let authority = Authority::from_static(authority);
         let first =

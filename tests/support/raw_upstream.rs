@@ -185,18 +185,27 @@ impl Hanging {
     }
 }
 
-/// An instance that accepts every connection and resets it at once (`SO_LINGER` 0), before
-/// reading a byte: every exchange with it breaks before any answer. Counts the connections.
-pub async fn resetting() -> (SocketAddr, Arc<AtomicUsize>) {
+/// An instance that accepts every connection and resets it (`SO_LINGER` 0) without a byte of
+/// answer: at once, before reading anything, or, with `read_first`, once the gateway has
+/// written something (so that the connection was made, and the request was sent). Counts
+/// the connections.
+pub async fn resetting(read_first: bool) -> (SocketAddr, Arc<AtomicUsize>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let accepted = Arc::new(AtomicUsize::new(0));
     let counted = Arc::clone(&accepted);
     tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
+        loop {
+            // A connection reset before it is accepted fails the accept; the listener goes on.
+            let Ok((mut stream, _)) = listener.accept().await else { continue };
             counted.fetch_add(1, Ordering::SeqCst);
-            let _ = stream.set_zero_linger();
-            drop(stream);
+            tokio::spawn(async move {
+                if read_first {
+                    let _ = stream.read(&mut [0u8; 4096]).await;
+                }
+                let _ = stream.set_zero_linger();
+                drop(stream);
+            });
         }
     });
     (addr, accepted)

@@ -29,6 +29,17 @@ pub(super) fn upstream(name: &str, s: &file::UpstreamSection, issues: &mut Issue
     if !(1..=1000).contains(&eject_after) {
         issues.add(format!("{key}.eject_after"), "must be between 1 and 1000 connect failures");
     }
+    let after_broken = s.eject_after_broken.unwrap_or(defaults::EJECT_AFTER_BROKEN);
+    if after_broken > 1000 {
+        issues.add(format!("{key}.eject_after_broken"), "must be between 1 and 1000 broken exchanges, or 0 for never");
+    }
+    let after_gateway_errors = s.eject_after_gateway_errors.unwrap_or(defaults::EJECT_AFTER_GATEWAY_ERRORS);
+    if after_gateway_errors > 1000 {
+        issues.add(
+            format!("{key}.eject_after_gateway_errors"),
+            "must be between 1 and 1000 answers 502, 503 or 504, or 0 for never",
+        );
+    }
     let eject_for = positive_duration(issues, &format!("{key}.eject_for"), s.eject_for, defaults::EJECT_FOR);
     if eject_for > defaults::EJECT_MAX {
         issues.add(format!("{key}.eject_for"), format!("must be at most {:?}", defaults::EJECT_MAX));
@@ -44,7 +55,13 @@ pub(super) fn upstream(name: &str, s: &file::UpstreamSection, issues: &mut Issue
         }
     }
     let resolve_every = resolve_every(&key, s, url.as_ref(), issues);
-    let ejection = Ejection { after: eject_after, base: eject_for, max: defaults::EJECT_MAX.max(eject_for) };
+    let ejection = Ejection {
+        after: eject_after,
+        after_broken,
+        after_gateway_errors,
+        base: eject_for,
+        max: defaults::EJECT_MAX.max(eject_for),
+    };
     Some(UpstreamConfig {
         name: name.to_owned(),
         urls: urls?,
