@@ -13,6 +13,7 @@ mod routes;
 mod server;
 mod store;
 mod telemetry;
+mod upstreams;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,7 +47,7 @@ pub(super) fn build(file: File, env: &dyn Fn(&str) -> Option<String>) -> Result<
     let server = server::server(&file.server, env, &mut issues);
     let store = store::store(&file.store, env, &mut issues);
     let upstreams: Vec<UpstreamConfig> =
-        file.upstreams.iter().filter_map(|(name, section)| routes::upstream(name, section, &mut issues)).collect();
+        file.upstreams.iter().filter_map(|(name, section)| upstreams::upstream(name, section, &mut issues)).collect();
     let errors = errors::shape("errors", file.errors.as_ref(), &ErrorShape::default(), &mut issues).map(Arc::new);
     let routes = routes::routes(&file, errors.as_deref().unwrap_or(&ErrorShape::default()), &mut issues);
     let telemetry = match &file.telemetry {
