@@ -72,7 +72,7 @@ pub struct InstanceMetrics {
     pub requests: Counter,
     /// No connection could be made.
     pub connect_failed: Counter,
-    /// An HTTP/2 stream it refused, or left above a GOAWAY: not processed.
+    /// An HTTP/2 stream it refused (`REFUSED_STREAM`): not processed.
     pub refused: Counter,
     /// The exchange broke after the request may have been written.
     pub broken: Counter,

@@ -81,8 +81,8 @@ impl Health {
         self.failed(Trouble::Gateway);
     }
 
-    /// It refused an HTTP/2 stream, or left it above a GOAWAY: it is up, and did not process
-    /// the request.
+    /// It refused an HTTP/2 stream (`REFUSED_STREAM`): it is up, and did not process the
+    /// request.
     pub(super) fn refused(&self) {
         if let Some(metrics) = &self.metrics {
             metrics.refused.inc();

@@ -93,7 +93,7 @@ impl UpstreamError {
 enum Failure {
     /// No connection could be made: never sent.
     Connect(hyper_util::client::legacy::Error),
-    /// The instance refused the stream, or it was above a GOAWAY's last id: never processed.
+    /// The instance refused the stream (`REFUSED_STREAM`): never processed.
     Refused(hyper_util::client::legacy::Error),
     /// Anything after the request may have been written: the outcome is unknown.
     Sent(hyper_util::client::legacy::Error),
@@ -104,18 +104,18 @@ impl Failure {
         if e.is_connect() {
             return Self::Connect(e);
         }
-        // RFC 9113 §8.7: REFUSED_STREAM, or a stream above the last id of a GOAWAY the
-        // instance sent, was not processed and may be sent again, elsewhere too.
-        // Hazard: this leans on h2 giving a remote GOAWAY's error only to the streams above
-        // its last id (and to streams opened after it); a stream at or below it that the
-        // connection then loses ends as a broken pipe, which is `Sent`. Tests hold both
-        // kinds (tests/instances.rs) against an h2 upgrade that would change it.
+        // RFC 9113 §8.7: a stream the instance reset with REFUSED_STREAM was not processed
+        // and may be sent again, elsewhere too.
+        // Hazard: a stream above the last id of a GOAWAY was not processed either, but hyper
+        // cannot say which streams those are. Its HTTP/2 client queues a request's HEADERS,
+        // then asks the connection whether it is still ready; a GOAWAY that lands between the
+        // two fails that request with the GOAWAY's error although its stream is at or below
+        // the last id and goes out (the instance runs it). Taken as refused, such a request
+        // ran on two instances (tests/instances.rs). So a GOAWAY's error is `Sent`: unknown.
         let mut cause = std::error::Error::source(&e);
         while let Some(c) = cause {
             if let Some(h2) = c.downcast_ref::<h2::Error>() {
-                let refused = h2.reason() == Some(h2::Reason::REFUSED_STREAM) && h2.is_remote();
-                let above_goaway = h2.is_go_away() && h2.is_remote();
-                if refused || above_goaway {
+                if h2.is_reset() && h2.is_remote() && h2.reason() == Some(h2::Reason::REFUSED_STREAM) {
                     return Self::Refused(e);
                 }
                 break;
