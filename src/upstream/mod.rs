@@ -26,6 +26,7 @@ mod dial;
 mod error;
 mod health;
 mod resolve;
+mod tls;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -47,11 +48,12 @@ use self::error::{Failure, ours};
 pub use self::error::{UpstreamError, UpstreamSetupError};
 use self::health::Health;
 use self::resolve::Resolved;
+use self::tls::tls_config;
 use crate::body::{self, Body};
 use crate::config::{Ejection, UpstreamConfig};
 use crate::forwarded::{self, Peer};
 use crate::metrics::{InstanceMetrics, Instances};
-use crate::outbound::{self, Roots, TlsSetupError, error_chain};
+use crate::outbound::error_chain;
 
 /// The authority every request to a cleartext upstream carries on its way into the pooled
 /// client: the pool's key, not an address.
@@ -437,26 +439,6 @@ fn host_header(authority: &Authority) -> String {
         Some(port) if port != 80 => format!("{}:{port}", authority.host()),
         _ => authority.host().to_owned(),
     }
-}
-
-/// The TLS configuration of `config`'s pool: its `ca_file`, else the system's roots for an
-/// https upstream, else none.
-fn tls_config(config: &UpstreamConfig) -> Result<rustls::ClientConfig, UpstreamSetupError> {
-    let roots = match &config.ca_file {
-        Some(path) => Roots::PemFile(path),
-        None if config.urls.first().and_then(Uri::scheme) == Some(&Scheme::HTTPS) => Roots::System,
-        None => Roots::None,
-    };
-    outbound::tls_config(roots).map_err(|e| {
-        let upstream = config.name.clone();
-        match e {
-            TlsSetupError::CaFile(detail) => UpstreamSetupError::CaFile { upstream, detail },
-            TlsSetupError::NoSystemRoots => {
-                UpstreamSetupError::Tls { upstream, detail: "no system CA certificates found; set ca_file".into() }
-            }
-            TlsSetupError::Protocol(detail) => UpstreamSetupError::Tls { upstream, detail },
-        }
-    })
 }
 
 #[cfg(test)]
