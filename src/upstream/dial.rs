@@ -1,6 +1,6 @@
 //! Dial: the connector below each instance's pool. It makes the TCP connection (to the
 //! instance's pinned address when it has one) and the TLS handshake above it, whatever
-//! authority the request's URI carries (see [`super::POOL_KEY`]).
+//! authority the request's URI carries (see [`super::prepare::POOL_KEY`]).
 //!
 //! Each dial, TLS handshake included, is bounded by `connect_timeout` and by the deadline of
 //! the request that started it ([`by`]), whichever comes first, and its result is noted
@@ -55,7 +55,7 @@ enum DialError {
 }
 
 /// The pooled client's connector: connects to the upstream's real address, whatever
-/// authority the request's URI carries (see [`super::POOL_KEY`]).
+/// authority the request's URI carries (see [`super::prepare::POOL_KEY`]).
 #[derive(Clone)]
 pub(super) struct Dial {
     connector: HttpsConnector<Pinned>,

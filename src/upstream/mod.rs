@@ -25,6 +25,7 @@ mod balance;
 mod dial;
 mod error;
 mod health;
+mod prepare;
 mod resolve;
 mod tls;
 
@@ -36,8 +37,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use http::uri::{Authority, PathAndQuery, Scheme};
-use http::{HeaderValue, Request, Response, Uri, Version, request};
+use http::uri::{Authority, Scheme};
+use http::{HeaderValue, Request, Response, Uri, request};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -47,36 +48,21 @@ use self::dial::Dial;
 use self::error::{Failure, ours};
 pub use self::error::{UpstreamError, UpstreamSetupError};
 use self::health::Health;
+use self::prepare::{POOL_KEY, Target, host_header};
 use self::resolve::Resolved;
 use self::tls::tls_config;
 use crate::body::{self, Body};
 use crate::config::{Ejection, UpstreamConfig};
-use crate::forwarded::{self, Peer};
+use crate::forwarded::Peer;
 use crate::metrics::{InstanceMetrics, Instances};
 use crate::outbound::error_chain;
-
-/// The authority every request to a cleartext upstream carries on its way into the pooled
-/// client: the pool's key, not an address.
-///
-/// Why: hyper-util's pool hashes the authority byte by byte three times per request (figures in
-/// docs/performance.md), and each `Upstream` has a client of its own, so one letter tells as
-/// much apart. Hazard: the key must never reach the wire: [`Dial`] connects to the real
-/// address, `Host` is set from the real authority, and HTTP/1 goes out in origin form.
-/// Upstreams over TLS keep their real authority (their certificate's name, HTTP/2's
-/// `:authority`).
-const POOL_KEY: Authority = Authority::from_static("u");
 
 /// One upstream service.
 pub struct Upstream {
     name: String,
-    scheme: Scheme,
-    /// Path prefix of the base URL without its trailing slash ("" for none), the same for
-    /// every instance.
-    base_path: String,
+    /// Where its requests go, whichever instance sends them.
+    target: Target,
     timeout: Duration,
-    /// What a prepared request's URI carries: the first instance's key (see
-    /// [`Instance::key`]); another instance puts its own when it sends.
-    key: Authority,
     members: Members,
 }
 
@@ -187,7 +173,8 @@ impl Upstream {
             }
             _ => Members::Fixed(instances),
         };
-        Ok(Self { name: config.name.clone(), scheme, base_path, timeout: config.timeout, key, members })
+        let target = Target { scheme, base_path, key };
+        Ok(Self { name: config.name.clone(), target, timeout: config.timeout, members })
     }
 
     /// Starts looking the host name up again in the background, for an upstream with
@@ -204,7 +191,7 @@ impl Upstream {
     /// addresses instead of at the name. Nothing otherwise.
     pub fn carry_over(&self, before: &Upstream) {
         if let (Members::Resolved(now), Members::Resolved(then)) = (&self.members, &before.members)
-            && self.scheme == before.scheme
+            && self.target.scheme == before.target.scheme
         {
             now.carry_over(then);
         }
@@ -225,34 +212,7 @@ impl Upstream {
     /// Turns the client's request head into the upstream's: target path, headers. The
     /// instance, chosen when it is sent, adds its own address and `Host`.
     pub fn prepare(&self, parts: &mut request::Parts, peer: &Peer) {
-        // Host names the upstream; the client's Host travels as X-Forwarded-Host.
-        let original_host: Option<HeaderValue> = parts
-            .headers
-            .remove(http::header::HOST)
-            .or_else(|| parts.uri.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok()));
-        parts.uri = self.target(&parts.uri);
-        // The connection to the upstream is ours: HTTP/1.1 framing, or h2 if ALPN agrees,
-        // whatever the client spoke to us.
-        parts.version = Version::HTTP_11;
-        // Hop-by-hop headers go in the same scan.
-        forwarded::apply(&mut parts.headers, peer, original_host.as_ref());
-    }
-
-    fn target(&self, original: &Uri) -> Uri {
-        let path_and_query = match original.path_and_query() {
-            // The common case: no prefix, and the client's path-and-query is reused as parsed.
-            Some(pq) if self.base_path.is_empty() => Some(pq.clone()),
-            pq => {
-                let joined = format!("{}{}", self.base_path, pq.map_or("/", PathAndQuery::as_str));
-                // A valid path-and-query: the prefix comes from a parsed URL, the rest from one.
-                joined.parse().ok().or_else(|| pq.cloned())
-            }
-        };
-        let mut parts = http::uri::Parts::default();
-        parts.scheme = Some(self.scheme.clone());
-        parts.authority = Some(self.key.clone());
-        parts.path_and_query = path_and_query;
-        Uri::from_parts(parts).unwrap_or_else(|_| original.clone())
+        self.target.rewrite(parts, peer);
     }
 
     /// Sends a prepared request to one instance and waits for the response head, until
@@ -429,28 +389,5 @@ struct Counted<'a>(&'a prometheus_client::metrics::gauge::Gauge);
 impl Drop for Counted<'_> {
     fn drop(&mut self) {
         self.0.dec();
-    }
-}
-
-/// The `Host` of a request to `authority`, as hyper-util's client writes it: the port only
-/// when it is not the cleartext default.
-fn host_header(authority: &Authority) -> String {
-    match authority.port_u16() {
-        Some(port) if port != 80 => format!("{}:{port}", authority.host()),
-        _ => authority.host().to_owned(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_host_header_is_the_authority_without_the_default_port() {
-        let host = |a: &'static str| host_header(&Authority::from_static(a));
-        assert_eq!(host("127.0.0.1:8080"), "127.0.0.1:8080");
-        assert_eq!(host("orders.internal:80"), "orders.internal");
-        assert_eq!(host("orders.internal"), "orders.internal");
-        assert_eq!(host("[::1]:9000"), "[::1]:9000");
     }
 }
