@@ -25,36 +25,34 @@ mod balance;
 mod dial;
 mod error;
 mod health;
+mod instance;
 mod prepare;
 mod resolve;
+mod set;
 mod tls;
 
 use std::future::Future;
-use std::net::SocketAddr;
-use std::ops::Deref;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 
-use http::uri::{Authority, Scheme};
-use http::{HeaderValue, Request, Response, Uri, request};
+use http::uri::Scheme;
+use http::{Request, Response, request};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use tokio::time::Instant;
 
-use self::dial::Dial;
 use self::error::{Failure, ours};
 pub use self::error::{UpstreamError, UpstreamSetupError};
-use self::health::Health;
-use self::prepare::{POOL_KEY, Target, host_header};
+use self::instance::{Instance, Template};
+use self::prepare::{POOL_KEY, Target};
 use self::resolve::Resolved;
+use self::set::{Members, Set};
 use self::tls::tls_config;
 use crate::body::{self, Body};
-use crate::config::{Ejection, UpstreamConfig};
+use crate::config::UpstreamConfig;
 use crate::forwarded::Peer;
-use crate::metrics::{InstanceMetrics, Instances};
+use crate::metrics::Instances;
 use crate::outbound::error_chain;
 
 /// One upstream service.
@@ -64,66 +62,6 @@ pub struct Upstream {
     target: Target,
     timeout: Duration,
     members: Members,
-}
-
-/// The instances requests are balanced over.
-enum Members {
-    /// `url` or `urls`, for the configuration's life. At least one.
-    Fixed(Vec<Arc<Instance>>),
-    /// `url` with `resolve_every`: one instance per address its host resolved to last.
-    Resolved(Arc<Resolved>),
-}
-
-/// The instances one request is balanced over, held until it is done with them: a resolved
-/// set may be replaced meanwhile, and the indexes a request has tried refer to this one.
-enum Set<'a> {
-    Fixed(&'a [Arc<Instance>]),
-    Resolved(Arc<Vec<Arc<Instance>>>),
-}
-
-impl Deref for Set<'_> {
-    type Target = [Arc<Instance>];
-
-    fn deref(&self) -> &Self::Target {
-        match self {
-            Set::Fixed(list) => list,
-            Set::Resolved(list) => list,
-        }
-    }
-}
-
-/// What every instance of one upstream is made from.
-struct Template {
-    upstream: String,
-    scheme: Scheme,
-    tls: rustls::ClientConfig,
-    connect_timeout: Duration,
-    /// When an instance is left out.
-    ejection: Ejection,
-    /// Whether broken exchanges and gateway errors count toward it: on an upstream that may
-    /// have several instances, never on the one instance of another.
-    outliers: bool,
-}
-
-/// One instance of an upstream: its address and its pool.
-struct Instance {
-    /// Its address, as configured: what `Host` and TLS name.
-    authority: Authority,
-    /// The address its name resolved to, connected to instead of looking the name up (a
-    /// resolved upstream's instances); `None`: the name is looked up at each new connection.
-    pinned: Option<SocketAddr>,
-    /// How logs and metrics name it: the pinned address, else the authority.
-    label: String,
-    /// What the request's URI carries: the real authority over TLS, [`POOL_KEY`] in cleartext.
-    key: Authority,
-    /// The `Host` header of a cleartext upstream (`host`, or `host:port` for a port other
-    /// than 80), as the pooled client would have derived it; `None` over TLS, where the
-    /// client sets it for HTTP/1 and HTTP/2 carries `:authority` instead.
-    host: Option<HeaderValue>,
-    client: Client<Dial, Body>,
-    /// Requests in flight and failures, for the balancer; its series, on an upstream with
-    /// several instances. Its connector holds it too.
-    health: Arc<Health>,
 }
 
 impl std::fmt::Debug for Upstream {
@@ -331,63 +269,5 @@ impl Upstream {
     /// The error for a response whose body broke off.
     pub fn body_failed(&self, e: &hyper::Error) -> UpstreamError {
         UpstreamError::Failed { upstream: self.name.clone(), detail: error_chain(e) }
-    }
-}
-
-impl Template {
-    /// An instance at `authority`; at `pinned`, when given, instead of what the name resolves
-    /// to at each connection.
-    fn instance(&self, authority: Authority, pinned: Option<SocketAddr>, metrics: Option<InstanceMetrics>) -> Instance {
-        let scheme = &self.scheme;
-        let label = pinned.map_or_else(|| authority.to_string(), |address| address.to_string());
-        let health = Arc::new(Health::new(&self.upstream, &label, self.ejection, self.outliers, metrics));
-        let dial = |address| Dial::new(self.tls.clone(), self.connect_timeout, pinned, address, Arc::clone(&health));
-        let (dial, key, host) = if *scheme == Scheme::HTTPS {
-            (dial(None), authority.clone(), None)
-        } else {
-            let address =
-                Uri::builder().scheme(scheme.clone()).authority(authority.clone()).path_and_query("/").build();
-            let host = HeaderValue::from_str(&host_header(&authority));
-            match (address, host) {
-                (Ok(address), Ok(host)) => (dial(Some(address)), POOL_KEY, Some(host)),
-                // Both come from a parsed URL's authority, so neither fails; if one did, the
-                // real authority in the URI still works, only without the cheaper key.
-                _ => (dial(None), authority.clone(), None),
-            }
-        };
-        let client = Client::builder(TokioExecutor::new()).pool_idle_timeout(Duration::from_secs(60)).build(dial);
-        Instance { authority, pinned, label, key, host, client, health }
-    }
-}
-
-impl Instance {
-    /// Sends `request` (prepared for the upstream) to this instance: its address, its Host.
-    async fn send(&self, mut request: Request<Body>) -> Result<Response<Incoming>, Failure> {
-        if request.uri().authority() != Some(&self.key) {
-            let mut parts = request.uri().clone().into_parts();
-            parts.authority = Some(self.key.clone());
-            if let Ok(uri) = Uri::from_parts(parts) {
-                *request.uri_mut() = uri;
-            }
-        }
-        if let Some(host) = &self.host {
-            request.headers_mut().insert(http::header::HOST, host.clone());
-        }
-        let _in_flight = self.health.load.begin();
-        let _counted = self.health.metrics.as_ref().map(|m| {
-            m.requests.inc();
-            m.in_flight.inc();
-            Counted(&m.in_flight)
-        });
-        self.client.request(request).await.map_err(Failure::of)
-    }
-}
-
-/// A request counted in an instance's `in_flight` until its answer's head (or its error).
-struct Counted<'a>(&'a prometheus_client::metrics::gauge::Gauge);
-
-impl Drop for Counted<'_> {
-    fn drop(&mut self) {
-        self.0.dec();
     }
 }

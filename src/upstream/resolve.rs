@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
-use super::{Instance, Template};
+use super::instance::{Instance, Template};
 use crate::config::MAX_INSTANCES;
 use crate::metrics::Instances;
 
