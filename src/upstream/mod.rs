@@ -20,6 +20,18 @@
 //! The request sent upstream is the client's, minus hop-by-hop headers, with the
 //! `X-Forwarded-*` headers set and `Idempotency-Key` left untouched so that the upstream's
 //! own UNIQUE constraint can do its work.
+//!
+//! The files, each with one job:
+//! - this one: the [`Upstream`], built from its configuration, and how a request is sent to
+//!   its instances ([`Upstream::send`], [`Upstream::send_buffered`]);
+//! - [`prepare`]: how a request is addressed: its URI, `Host`, the `X-Forwarded-*` headers;
+//! - [`set`]: the instances a request is balanced over, fixed or resolved;
+//! - [`instance`]: one instance, its address and its pool, and how one is built;
+//! - [`balance`]: which instance a request goes to; [`health`]: what an instance's exchanges
+//!   say about it;
+//! - [`dial`]: the connector below each instance's pool, bounded by the request's deadline;
+//! - [`resolve`]: a host name looked up again into instances;
+//! - [`tls`]: the TLS configuration of the pools; [`error`]: why an exchange or a setup failed.
 
 mod balance;
 mod dial;
