@@ -21,6 +21,7 @@ mod error_shapes;
 mod gateway;
 mod hardening;
 mod hosts;
+mod house;
 mod identity;
 mod instances;
 mod keys_cli;
