@@ -23,7 +23,7 @@ use crate::check;
 use crate::config::{Config, RouteConfig};
 use crate::connection::Connection;
 use crate::error::GatewayError;
-use crate::idempotent;
+use crate::idempotent::{self, Served};
 use crate::metrics::{Metrics, Outcome, Pins, Produces};
 use crate::path;
 use crate::policy::errors::ErrorShape;
@@ -75,6 +75,14 @@ fn produces(policy: Option<&IdempotencyPolicy>) -> Produces {
             fingerprint: p.identity.previous_fingerprint.is_some(),
         },
     })
+}
+
+/// What became of a routed request before anything went upstream as on a plain route.
+enum Handled {
+    /// A plain route's request, untouched.
+    Plain(Request<Incoming>),
+    /// What the idempotent path did: answered, or handed back to forward.
+    Idempotent(Served),
 }
 
 /// Everything the request path needs, shared by all connections.
@@ -244,24 +252,32 @@ impl Gateway {
             let trusted = connection.peer.trusted();
             notes.span = telemetry.begin(request.headers_mut(), trusted, &routed.route().name, &method);
         }
-        let result = match routed {
-            Routed::Plain(route) => {
-                let forwarded = proxy::pass_through(route, request, connection, &mut notes).await;
-                forwarded.map(|response| (Outcome::PassedThrough, response)).map_err(GatewayError::from)
-            }
-            // Boxed: the idempotent path's state is several times the pass-through's, and an
-            // unboxed future would make every request and idle connection carry it. The
-            // pass-through stays inline (figures in docs/performance.md).
-            Routed::Idempotent(route) => {
-                let handler = idempotent::Handler { rt: &self.runtime, connection, route, notes: &mut notes };
-                Box::pin(idempotent::handle(handler, request)).await
-            }
-            Routed::Observed(route) => {
-                let handler = idempotent::Handler { rt: &self.runtime, connection, route, notes: &mut notes };
-                Box::pin(idempotent::observe(handler, request)).await
+        // The idempotent path answers, or hands the request back to go upstream as on a plain
+        // route. Boxed: its state is several times the pass-through's, and an unboxed future
+        // would make every request and idle connection carry it. The pass-through stays inline
+        // (figures in docs/performance.md).
+        let handled = match routed {
+            Routed::Plain(_) => Ok(Handled::Plain(request)),
+            Routed::Idempotent(route) | Routed::Observed(route) => {
+                let session = idempotent::Session { rt: &self.runtime, connection, route, notes: &mut notes };
+                Box::pin(idempotent::serve(session, request)).await.map(Handled::Idempotent)
             }
         };
         let route = routed.route();
+        let result = match handled {
+            Ok(Handled::Plain(request)) => proxy::pass_through(route, request, connection, &mut notes, None)
+                .await
+                .map(|response| (Outcome::PassedThrough, response))
+                .map_err(GatewayError::from),
+            Ok(Handled::Idempotent(Served::Pass(pass))) => {
+                proxy::pass_through(route, pass.request, connection, &mut notes, pass.expected)
+                    .await
+                    .map(|response| (pass.outcome, response))
+                    .map_err(GatewayError::from)
+            }
+            Ok(Handled::Idempotent(Served::Answered(outcome, response))) => Ok((outcome, response)),
+            Err(e) => Err(e),
+        };
         let (outcome, response) = match result {
             Ok(served) => served,
             Err(e) => {

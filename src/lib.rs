@@ -14,12 +14,15 @@
 //! - [`reload`]: a new configuration without a restart (SIGHUP, `POST /reload`);
 //! - [`gateway`]: the routes and the runtime built from the config; the top of the request
 //!   path: check, route, serve, count, log;
-//! - [`idempotent`]: the idempotent path as named phases: identify, claim, admit, forward,
-//!   settle, answer;
+//! - [`idempotent`]: the idempotent path as named phases, one path for a route that enforces
+//!   and one that observes: identify, claim, reconcile (asking the upstream what became of a
+//!   lost answer), admit, the exchange (capture, settle), reply; each decision a table
+//!   (`outcome`) with a column per mode;
 //! - [`operator`]: what an operator does to held keys (inspect, release, resolve, list), the
 //!   answer an operator gives, checked so that no answer can break a replay's framing, and the
 //!   documents `/keys` answers with;
-//! - [`proxy`]: streaming pass-through for routes without idempotency;
+//! - [`proxy`]: streaming pass-through for routes without idempotency, and for what an
+//!   idempotent route does not claim;
 //! - [`upgrade`]: a protocol upgrade bridged byte for byte, within the idle limit;
 //! - [`runtime`]: the handle the request path runs on (store, exchanges, limits, metrics),
 //!   and the routes at run time;
@@ -31,7 +34,9 @@
 //! - [`store`]: the state of every key, as four narrow roles (the key's lifecycle, lookups,
 //!   an operator's calls, the quota), on Redis with Lua or in memory;
 //! - [`publish`]: the idempotency policy of every route, as Markdown and JSON;
-//! - [`upstream`]: pooled http/https clients and request preparation;
+//! - [`upstream`]: pooled http/https clients over one or several instances: balancing, passive
+//!   health and ejection, dials bounded by the request's deadline, addresses looked up again,
+//!   request preparation;
 //! - [`connection`]: one client connection's limits: idle and head deadlines, exchanges,
 //!   abandoned requests;
 //! - [`descriptors`]: the listeners' connection caps, fitted into the process's

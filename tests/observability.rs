@@ -364,3 +364,21 @@ async fn a_gateway_on_one_thread_serves_replays_and_drains_its_requests() {
         "every access line was flushed at exit"
     );
 }
+
+/// A keyed route's request without its optional key goes upstream as on a plain route, and is
+/// seen as one: its upstream time in the access line and in the route's upstream histogram.
+/// (It was sent on a path of its own that skipped both.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unkeyed_request_on_a_keyed_route_is_timed_like_a_pass_through() {
+    let upstream = TestUpstream::start().await;
+    let toml = Toml { policy: "required = false", ..Toml::new(upstream.addr) }.render();
+    let gw = GatewayProc::start_with(&toml, &["--log-format", "json"]);
+    let r = gw.client().post_json("/orders", None, ORDER).await;
+    assert_eq!(r.status, 201);
+    let lines = wait_for_lines(&gw, 1).await;
+    assert_eq!(lines[0]["outcome"], "passed_through");
+    assert!(lines[0]["upstream_ms"].as_f64().is_some_and(|ms| ms > 0.0), "{:?}", lines[0]);
+    let timed = gw.metric("idemgate_upstream_seconds_count{route=\"orders\",class=\"2xx\"}").await;
+    assert_eq!(timed, 1.0);
+    assert_eq!(upstream.executions(), 1);
+}

@@ -309,7 +309,21 @@ impl GatewayError {
     }
 }
 
+/// When a retry that met an unknown outcome should come back after a lookup that failed:
+/// nothing says the next will fail too, so soon.
+const AFTER_FAILED: Duration = Duration::from_secs(1);
+
 impl Settling {
+    /// How an unknown outcome gets settled on a route: by asking the upstream when it
+    /// `reconciles` (a retry `retry_after` from now at the soonest, or soon after a lookup
+    /// that failed), else by an operator.
+    pub fn of(reconciles: bool, retry_after: Option<Duration>) -> Self {
+        match reconciles {
+            true => Self::Asking { retry_after: retry_after.unwrap_or(AFTER_FAILED) },
+            false => Self::Held,
+        }
+    }
+
     /// When to come back, for a route that reconciles.
     fn retry_after(self) -> Option<Duration> {
         match self {

@@ -7,22 +7,14 @@ use std::sync::Arc;
 
 use tokio::sync::OwnedSemaphorePermit;
 
-use super::context::{Claimant, Claimed, Handler};
+use super::context::{Claimed, Ctx, Session};
 use super::settle;
 use crate::connection::{Connection, ConnectionSlot};
 use crate::error::GatewayError;
+use crate::policy::Mode;
 use crate::policy::scope::Scope;
 use crate::runtime::{IdempotentRoute, Runtime};
 use crate::store::{Quota, QuotaKey};
-
-/// A claim cleared to go upstream.
-#[derive(Debug)]
-pub struct Admitted {
-    /// The claim.
-    pub claimed: Claimed,
-    /// Its places under the limits, held until the exchange ends.
-    pub slots: Slots,
-}
 
 /// An exchange's places under the global and the per-connection limits, held until it ends
 /// (after its client, if the client goes away first).
@@ -32,32 +24,56 @@ pub struct Slots {
     _connection: ConnectionSlot,
 }
 
-/// Admits a claimed request, or gives its claim back and says why not. An unconfirmed claim
-/// (fail-open) needs only the room: the store just failed, and counting its key would too.
-pub async fn admit(h: &Handler<'_>, claimant: &Claimant, claimed: Claimed) -> Result<Admitted, GatewayError> {
-    let (rt, route) = (&**h.rt, h.route);
+/// Whether a claimed request goes upstream.
+pub enum Admission {
+    /// It goes: `ctx` holds the claim (and, enforcing, the slots).
+    Admitted,
+    /// Enforcing: refused for load or quota, its claim given back.
+    Refused(GatewayError),
+    /// Observing: past the caller's budget of new keys, where enforcing would answer 429. Its
+    /// claim was given back (one caller must not fill the store); it goes unclaimed.
+    Throttled,
+}
+
+/// Admits a claimed request into `ctx`, or gives its claim back and says why not. An
+/// unconfirmed claim needs only the room: the store just failed, and counting its key would
+/// too. An observing route takes no exchange slot (it forwards as a plain route does) and
+/// only counts the budget.
+pub async fn admit(s: &Session<'_>, ctx: &mut Ctx, claimed: Claimed) -> Admission {
+    let (rt, route) = (&**s.rt, s.route);
+    let observing = route.policy.mode == Mode::Observe;
     // Lazy: the budget is counted at its await below, only once there is room, so that a
     // request refused for load never spends its caller's budget.
-    let budget = new_key_budget(rt, route, &claimant.scope, claimed.attempt());
-    let slots = slots(rt, h.connection);
+    let scope = ctx.claimant.scope;
+    let budget = new_key_budget(rt, route, &scope, claimed.attempt());
+    let slots = if observing { None } else { Some(slots(rt, s.connection)) };
     let lease = match claimed {
         Claimed::Confirmed(lease) => lease,
         unconfirmed @ Claimed::Unconfirmed(_) => {
-            return slots.map(|slots| Admitted { claimed: unconfirmed, slots }).ok_or(GatewayError::Overloaded);
+            if let Some(None) = slots {
+                return Admission::Refused(GatewayError::Overloaded);
+            }
+            ctx.claimed = Some(unconfirmed);
+            ctx.slots = slots.flatten();
+            return Admission::Admitted;
         }
     };
     // Given back unless admitted: if this future is dropped at the await below (the client went
     // away), the claim is given back instead of blocking its key.
-    let held = settle::Unadmitted::new(rt, lease);
+    let unadmitted = settle::Unadmitted::new(rt, lease);
     let refused = match slots {
-        None => GatewayError::Overloaded,
-        Some(slots) => match budget.await {
-            None => return Ok(Admitted { claimed: Claimed::Confirmed(held.take()), slots }),
+        Some(None) => GatewayError::Overloaded,
+        slots => match budget.await {
+            None => {
+                ctx.claimed = Some(Claimed::Confirmed(unadmitted.take()));
+                ctx.slots = slots.flatten();
+                return Admission::Admitted;
+            }
             Some(exceeded) => exceeded,
         },
     };
-    settle::release_unsent(rt, route, held).await;
-    Err(refused)
+    settle::release_unsent(rt, route, unadmitted).await;
+    if observing { Admission::Throttled } else { Admission::Refused(refused) }
 }
 
 /// A place for one more exchange, in all and on this connection, if both have one.
@@ -71,7 +87,7 @@ fn slots(rt: &Runtime, connection: &Arc<Connection>) -> Option<Slots> {
 /// when the budget is spent. Only first attempts count: a re-run of a released key is not a
 /// new key. A store that fails to count lets the request through (the claim just succeeded,
 /// so the store is up; the budget is a guard against floods, not a guarantee).
-pub(super) async fn new_key_budget(
+async fn new_key_budget(
     rt: &Runtime,
     route: &IdempotentRoute,
     scope: &Scope,

@@ -1,41 +1,93 @@
-//! Claim: taking the key, waiting out a duplicate in flight, and never leaving a ghost.
+//! Claim: taking the key, waiting out a duplicate in flight, and never leaving a ghost. What
+//! the store's reply leads to is `outcome::after_claim`'s table.
 //!
 //! The hazard this module exists for: a claim call whose reply the gateway never sees. Redis
 //! may apply the claim and the reply arrive after the store timeout, or the client may hang up
-//! while the call is on the wire (dropping the handler's future). Forgotten, such a *ghost*
+//! while the call is on the wire (dropping the session's future). Forgotten, such a *ghost*
 //! claim blocks every retry for a whole lease (409s), and under fail-open it would later be
 //! taken over while the forwarded request ran: a second execution.
 //!
 //! So the owner token is made before the call, and a claim whose outcome is unknown is
 //! released by that owner in the background (owner-checked, so a claim that was never made,
-//! or that is someone else's, is left alone), with a bounded number of retries. The fail-open
-//! path instead settles under the same token (see [`store_failed`]). A claim that was made but
-//! is refused before it is sent (`settle::Unadmitted`, held by `admit`) is given back the same way.
+//! or that is someone else's, is left alone), with a bounded number of retries. A route that
+//! fails open, or observes, instead goes on under the same token, unconfirmed, and the
+//! exchange settles it if it was made. A claim that was made but is refused before it is sent
+//! (`settle::Unadmitted`, kept by `admit`) is given back the same way.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::context::Claimed;
-use super::context::{Claimant, Handler};
-use crate::error::GatewayError;
+use super::context::{Claimant, Ctx, Session};
+use super::reconcile::{self, Asked};
 use crate::metrics::{GaugeHold, Pin, ReleaseReason};
-use crate::policy::{IdempotencyPolicy, StoreFailurePolicy};
+use crate::policy::{IdempotencyPolicy, Mode, StoreFailurePolicy};
 use crate::runtime::{IdempotentRoute, Route, Runtime};
-use crate::store::{Claim, Lease, Lifecycle, OwnerToken, RecordKey, Sent, Settled, StoreError, Terms, Watch};
+use crate::store::{Claim, Lifecycle, OwnerToken, RecordKey, Sent, Settled, StoreError, Terms, Watch};
 
-/// Claims the key; while another request holds it, waits up to the route's `wait` for it to
-/// settle. The wait sleeps on a [`Watch`] (woken when the holder settles or releases, or when
-/// its lease runs out and the key can be taken over), never in a polling loop, and holds no
-/// store connection while asleep. The access line gets the store calls as store time and the
-/// rest, from the moment the key was found held, as wait time.
-pub async fn claim(h: &mut Handler<'_>, claimant: &mut Claimant) -> Tried {
-    let started = Instant::now();
-    let mut spent = Spent::default();
-    let reply = claim_or_wait(h.rt, h.route, claimant, &mut spent).await;
-    h.notes.store += spent.store;
-    h.notes.wait += spent.wait;
-    Tried { reply, sent: spent.last_sent.unwrap_or(started), holder_ran: spent.holder_ran }
+/// Claims the key. On an enforcing route, while another request holds it, waits up to the
+/// route's `wait` for it to settle; an observing route claims once and never waits (it
+/// forwards whatever the claim says). The wait sleeps on a [`Watch`] (woken when the holder
+/// settles or releases, or when its lease runs out and the key can be taken over), never in a
+/// polling loop, and holds no store connection while asleep. The access line gets the store
+/// calls as store time and the rest, from the moment the key was found taken, as wait time;
+/// a trace gets a `claim` span, and a `wait` span for the time waited.
+///
+/// A claim call that failed on a route that fails closed may have been made, its reply lost:
+/// it is given back at once, or the client's retry would wait out a whole lease. A key whose
+/// outcome is unknown, on an enforcing route that reconciles, is asked about (once per
+/// request, see `reconcile`), and claimed again if the lookup settled it.
+pub async fn claim(s: &mut Session<'_>, ctx: &mut Ctx) -> Tried {
+    let observing = s.route.policy.mode == Mode::Observe;
+    let mut asked = None;
+    loop {
+        let span = s.notes.span.as_ref().map(|span| (span.clone(), span.child("claim")));
+        let started = Instant::now();
+        let mut spent = Spent::default();
+        let reply = if observing {
+            let (reply, sent) = once(s.rt, s.route, &mut ctx.claimant).await;
+            spent.last_sent = Some(sent);
+            spent.store = sent.elapsed();
+            reply
+        } else {
+            claim_or_wait(s.rt, s.route, &mut ctx.claimant, &mut spent).await
+        };
+        s.notes.store += spent.store;
+        s.notes.wait += spent.wait;
+        if let Some((span, child)) = span {
+            if !spent.wait.is_zero() {
+                let end = std::time::SystemTime::now();
+                span.child_between("wait", end.checked_sub(spent.wait).unwrap_or(end), end);
+            }
+            child.end(reply.as_ref().err().map(ToString::to_string));
+        }
+        if let Ok(Claim::Acquired(lease)) = &reply {
+            tracing::debug!(route = %s.route.name, key = ctx.claimant.record.short(), attempt = lease.attempt(), "claimed");
+        }
+        if let Err(e) = &reply {
+            s.route.metrics.store_error();
+            // The outage itself is logged once by the store (see `store::health`); this
+            // request's outcome is in the access line.
+            tracing::debug!(route = %s.route.name, key = ctx.claimant.record.short(), error = %e, "store failed on claim");
+            if !observing && s.route.policy.on_store_error == StoreFailurePolicy::FailClosed {
+                release_ghost(s.rt, s.route, &ctx.claimant);
+            }
+        }
+        // A duplicate still in flight after its wait comes back when the holder is likely done.
+        let retry_after = match &reply {
+            Ok(Claim::InFlight { lease_left }) => retry_after(s.route, *lease_left, spent.holder_ran),
+            _ => Duration::ZERO,
+        };
+        let tried = Tried { reply, sent: spent.last_sent.unwrap_or(started), retry_after, asked };
+        let asks = !observing && tried.asked.is_none() && s.route.policy.reconcile.is_some();
+        if !(asks && matches!(tried.reply, Ok(Claim::Unknown { .. }))) {
+            return tried;
+        }
+        asked = Some(reconcile::on_retry(s, ctx).await);
+        if !matches!(asked, Some(Asked::Changed)) {
+            return Tried { asked, ..tried };
+        }
+    }
 }
 
 /// What a claim learned: the store's reply, and what later phases need of how it came.
@@ -45,9 +97,11 @@ pub struct Tried {
     /// When the last claim call was sent: a claim it made was applied no earlier, so a lease
     /// whose reply was lost (fail-open) is counted from here.
     pub sent: Instant,
-    /// When the key was still in flight after the wait: how long the request holding it had
-    /// run at least, for [`retry_after`].
-    pub holder_ran: Duration,
+    /// When the key was still in flight after the wait: when a retry should come back (see
+    /// [`retry_after`]).
+    pub retry_after: Duration,
+    /// What asking the upstream about an unknown outcome found, if it was asked.
+    pub asked: Option<Asked>,
 }
 
 /// Where a claim's time went, and what it learned about the request holding the key.
@@ -85,30 +139,31 @@ async fn claim_or_wait(
     let Claim::InFlight { lease_left } = claim else {
         return Ok(claim);
     };
-    // The key is held: the wait begins. It lasts `wait` not counting the store calls that
+    // The key is taken: the wait begins. It lasts `wait` not counting the store calls that
     // look at the key again (they are store time, not wait), up to one store timeout of them
     // (a second for the memory store, which has none): a slow store cannot stretch the wait
     // much further.
-    let held_since = Instant::now();
-    let mut deadline = held_since + policy.wait;
+    let taken_since = Instant::now();
+    let mut deadline = taken_since + policy.wait;
     let mut store_while_waiting = Duration::ZERO;
     let extension = store.call_timeout().max(Duration::from_secs(1));
     // How long the holder has run, at least: the store keeps only its lease left, so the
     // bound is the time since its last renewal (`lease - lease_left`) at the first reply, plus
     // the time waited since. It errs towards a later `Retry-After`, never an earlier one.
     let before_first = policy.lease.saturating_sub(lease_left);
-    let ran = |lease_left: Duration| (before_first + held_since.elapsed()).max(policy.lease.saturating_sub(lease_left));
+    let ran =
+        |lease_left: Duration| (before_first + taken_since.elapsed()).max(policy.lease.saturating_sub(lease_left));
     // The watch that was registered before `claim` was read: only then is sleeping on it safe,
     // since a settle between the read and a later registration would never wake us.
     let mut watch: Option<Watch> = None;
     loop {
         let Claim::InFlight { lease_left } = claim else {
-            spent.wait = held_since.elapsed().saturating_sub(store_while_waiting);
+            spent.wait = taken_since.elapsed().saturating_sub(store_while_waiting);
             return Ok(claim);
         };
         let now = Instant::now();
         if now >= deadline {
-            spent.wait = held_since.elapsed().saturating_sub(store_while_waiting);
+            spent.wait = taken_since.elapsed().saturating_sub(store_while_waiting);
             spent.holder_ran = ran(lease_left);
             return Ok(claim);
         }
@@ -125,12 +180,12 @@ async fn claim_or_wait(
         store_while_waiting += took;
         claim = match next {
             Ok(next) => next,
-            // The key is known to be held by a running request: a store error now must not
+            // The key is known to be taken by a running request: a store error now must not
             // send this duplicate down the fail-open path (a certain second execution).
             Err(e) => {
                 tracing::debug!(key = record.short(), error = %e, "store failed while waiting; answering in flight");
-                spent.wait = held_since.elapsed().saturating_sub(store_while_waiting);
-                spent.holder_ran = before_first + held_since.elapsed();
+                spent.wait = taken_since.elapsed().saturating_sub(store_while_waiting);
+                spent.holder_ran = before_first + taken_since.elapsed();
                 let lease_left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_secs(1));
                 return Ok(Claim::InFlight { lease_left });
             }
@@ -173,64 +228,19 @@ async fn call(rt: &Runtime, route: &IdempotentRoute, claimant: &Claimant) -> (Re
     (claim, started)
 }
 
-/// The claim phase, as a trace shows it: a `claim` span, and a `wait` span for the time a
-/// duplicate waited for the request holding its key. Without tracing, the claim alone.
-pub async fn traced(h: &mut Handler<'_>, claimant: &mut Claimant) -> Tried {
-    let Some(span) = h.notes.span.clone() else { return claim(h, claimant).await };
-    let waited_before = h.notes.wait;
-    let child = span.child("claim");
-    let tried = claim(h, claimant).await;
-    let waited = h.notes.wait.saturating_sub(waited_before);
-    if !waited.is_zero() {
-        let end = std::time::SystemTime::now();
-        span.child_between("wait", end.checked_sub(waited).unwrap_or(end), end);
-    }
-    child.end(tried.reply.as_ref().err().map(ToString::to_string));
-    tried
-}
-
-/// The claim call failed: the route's `on_store_error` decides. Fail-closed refuses;
-/// fail-open goes on under this request's owner token, unconfirmed: if the claim was made
-/// after all (its reply lost), the exchange settles it and retries replay its answer; if not,
-/// settling finds nothing. A ghost claim never lets a retry run it twice.
-pub fn store_failed(
-    h: &Handler<'_>,
-    claimant: &Claimant,
-    error: StoreError,
-    sent: Instant,
-) -> Result<Claimed, GatewayError> {
-    let (route, policy) = (h.route, &h.route.policy);
-    route.metrics.store_error();
-    // The outage itself is logged once by the store (see `store::health`); this request's
-    // outcome is in the access line.
-    tracing::debug!(route = %route.name, key = claimant.record.short(), error = %error, "store failed on claim");
-    match policy.on_store_error {
-        StoreFailurePolicy::FailClosed => {
-            // The claim may have been made, its reply lost: release it, or the client's retry
-            // would wait out a whole lease.
-            release_ghost(h.rt, route, claimant);
-            Err(GatewayError::StoreUnavailable(error))
-        }
-        StoreFailurePolicy::FailOpen => {
-            let terms = terms(policy);
-            Ok(Claimed::Unconfirmed(Lease::unconfirmed(claimant.record.clone(), claimant.owner, terms, sent)))
-        }
-    }
-}
-
 /// The `Retry-After` of a duplicate that found the key still in flight after its wait: when
 /// the holder's lease ends at the latest (`lease_left`), or sooner when the route's upstream
 /// usually answers sooner — its p90 answer time less the time the holder has already run
 /// (`holder_ran`, a lower bound, see `claim_or_wait`), once the route has seen enough answers
 /// for a p90 (see [`crate::metrics::QUANTILE_MIN_SAMPLES`]). At least one second.
-pub fn retry_after(route: &Route, lease_left: Duration, holder_ran: Duration) -> Duration {
+fn retry_after(route: &Route, lease_left: Duration, holder_ran: Duration) -> Duration {
     let typical_left = route.metrics.upstream_p90().map(|p90| p90.saturating_sub(holder_ran));
     typical_left.map_or(lease_left, |left| left.min(lease_left)).max(Duration::from_secs(1))
 }
 
 /// Releases, in the background, the claim this request may hold after its claim call failed
 /// without a reply.
-pub fn release_ghost(rt: &Runtime, route: &IdempotentRoute, claimant: &Claimant) {
+fn release_ghost(rt: &Runtime, route: &IdempotentRoute, claimant: &Claimant) {
     route.metrics.released(ReleaseReason::Ghost);
     release_in_background(rt, claimant.record.clone(), claimant.owner, route.policy.in_progress_ttl());
 }
@@ -263,7 +273,7 @@ const GHOST_RECHECK: Duration = Duration::from_secs(1);
 /// number of tries (see `claim` for why a claim may need it).
 pub fn release_in_background(rt: &Runtime, record: RecordKey, owner: OwnerToken, ttl: Duration) {
     // Without a runtime (the process is exiting) the claim is left to its lease.
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+    let Ok(tasks) = tokio::runtime::Handle::try_current() else { return };
     let store = std::sync::Arc::clone(&rt.store);
     rt.exchanges.spawn_on(
         async move {
@@ -285,6 +295,6 @@ pub fn release_in_background(rt: &Runtime, record: RecordKey, owner: OwnerToken,
                 }
             }
         },
-        &runtime,
+        &tasks,
     );
 }

@@ -1,16 +1,23 @@
-//! What the phases of one request share, in two parts, because the exchange outlives the
-//! handler (a client hanging up must not cancel a settle):
+//! What the phases of one request share, in two values, as a proxy's phases share a session
+//! and a per-request context:
 //!
-//! - [`Handler`], borrowed: made once in `Gateway::handle` and lent to every phase before the
-//!   exchange is spawned (the runtime, the connection, the route, the access line's notes
-//!   with the request's span);
-//! - [`Claimant`], owned: who claims the key, made once by `identify`, read by the phases and
-//!   moved whole into the exchange;
-//! - [`Claimed`]: the claim an exchange runs under, confirmed by the store or not.
+//! - [`Session`], borrowed: made once in `Gateway::handle` and lent to every phase (the
+//!   runtime, the connection, the route, the access line's notes with the request's span);
+//! - [`Ctx`], owned: the request and what the phases learn of it (who claims its key, the
+//!   claim, its places under the limits), made once by `identify` and moved whole into the
+//!   exchange, which outlives the client (a client hanging up must not cancel a settle).
+//!
+//! Every phase takes `(&mut Session, &mut Ctx)`, or the `Ctx` by value once it is the last.
 
 use std::sync::Arc;
 
+use bytes::Bytes;
+use http::Request;
+use http::request::Parts;
+
+use super::admit::Slots;
 use crate::access::Notes;
+use crate::body::{self, Body};
 use crate::connection::Connection;
 use crate::policy::fingerprint::Fingerprint;
 use crate::policy::key::IdempotencyKey;
@@ -18,8 +25,8 @@ use crate::policy::scope::Scope;
 use crate::runtime::{IdempotentRoute, Runtime};
 use crate::store::{Lease, OwnerToken, RecordKey};
 
-/// One request on an idempotent route, as the handler holds it.
-pub struct Handler<'a> {
+/// One request on an idempotent route, as the phases borrow it.
+pub struct Session<'a> {
     /// The store, the exchanges, the limits, the metrics.
     pub rt: &'a Arc<Runtime>,
     /// The connection it arrived on (its peer, its exchange slots).
@@ -28,6 +35,27 @@ pub struct Handler<'a> {
     pub route: &'a Arc<IdempotentRoute>,
     /// What the access line will say about the request, and its span when it is traced.
     pub notes: &'a mut Notes,
+}
+
+/// A keyed request and what the phases learned of it, owned.
+pub struct Ctx {
+    /// Its head, as the upstream will get it (less what the gateway adds on the way).
+    pub parts: Parts,
+    /// Its whole body.
+    pub body: Bytes,
+    /// Who claims its key.
+    pub claimant: Claimant,
+    /// The claim it runs under, once the store made it (or, failing open, may have).
+    pub claimed: Option<Claimed>,
+    /// Its places under the exchange limits, once admitted (an observing route takes none).
+    pub slots: Option<Slots>,
+}
+
+impl Ctx {
+    /// The request whole again, to forward as a plain route would.
+    pub fn into_request(self) -> Request<Body> {
+        Request::from_parts(self.parts, body::full(self.body))
+    }
 }
 
 /// A keyed request: whose key it is, and the store's name for it.
@@ -53,9 +81,10 @@ pub struct Claimant {
 pub enum Claimed {
     /// The store made it: the lease, with its attempt number.
     Confirmed(Lease),
-    /// The claim call failed and the route fails open: the claim may exist under this
-    /// request's owner token (its reply was lost) or not at all. The exchange settles it if it
-    /// does; it announces no attempt, and a lease found lost is no takeover.
+    /// The claim call failed (a route that fails open, or one that observes): the claim may
+    /// exist under this request's owner token (its reply was lost) or not at all. The
+    /// exchange settles it if it does; it announces no attempt, and a lease found lost is no
+    /// takeover.
     Unconfirmed(Lease),
 }
 
@@ -78,12 +107,5 @@ impl Claimed {
     /// Whether the store confirmed the claim.
     pub fn is_confirmed(&self) -> bool {
         matches!(self, Self::Confirmed(_))
-    }
-
-    /// The lease, to be settled or released.
-    pub fn into_lease(self) -> Lease {
-        match self {
-            Self::Confirmed(lease) | Self::Unconfirmed(lease) => lease,
-        }
     }
 }

@@ -1,152 +1,107 @@
-//! The idempotent request path. [`handle`] runs the phases in this order, one module each:
+//! The idempotent request path, for a route that enforces its policy and for one that only
+//! observes it. [`serve`] runs the phases in this order, one module each:
 //!
 //! ```text
-//! identify ─▶ claim ─┬─ Acquired ─▶ admit ─▶ forward ─▶ settle ─▶ answer (first)
-//!                    ├─ Completed ───────────────────────────────▶ answer (replay)
-//!                    ├─ Executed ────────────────────────────────▶ answer ('response-not-stored')
-//!                    ├─ Unknown ─▶ reconcile ─┬─ found ──────────▶ answer (replay, reconciled)
-//!                    │                        ├─ released ───────▶ claim again (attempt N+1)
-//!                    │                        ├─ still asking ───▶ 409 + Retry-After
-//!                    │                        └─ still unknown ──▶ 502 'outcome-unknown' + Retry-After
-//!                    ├─ InFlight (after the bounded wait) ───────▶ 409 + Retry-After
-//!                    └─ Mismatch ────────────────────────────────▶ 422
+//! identify ─┬─ keyed ─▶ claim ─┬─ Acquired ─▶ admit ─▶ exchange (forward, settle) ─▶ the first answer
+//!           │                  ├─ Completed, Executed ─────────────────────────────▶ a replay, or 'response-not-stored'
+//!           │                  ├─ Unknown ─▶ reconcile ─┬─ found ──────────────────▶ a replay, reconciled
+//!           │                  │                        ├─ released ───────────────▶ claim again (attempt N+1)
+//!           │                  │                        └─ still asking, unknown ──▶ 409, 502 'outcome-unknown'
+//!           │                  ├─ InFlight (after the bounded wait) ───────────────▶ 409 + Retry-After
+//!           │                  ├─ Mismatch ────────────────────────────────────────▶ 422
+//!           │                  └─ anything but Acquired, observing ────────────────▶ handed back (counted)
+//!           └─ unclaimed (no key where it is optional; what an observing route cannot claim) ─▶ handed back
 //! ```
 //!
 //! - [`identify`]: the key, the request checks, the scope, the bounded body, the fingerprint
 //!   and the record's name;
-//! - [`claim`]: taking the key, or waiting out the request that holds it; never a ghost;
+//! - [`claim`]: taking the key, or waiting out the request that holds it; never a ghost; and
+//!   what the store's reply leads to, by mode, is [`outcome`]'s first table;
+//! - [`reconcile`]: asking the upstream what became of a request whose answer was lost (on an
+//!   enforcing route with `[routes.idempotency.reconcile]`; without it, `Unknown` is 502 at once);
 //! - [`admit`]: room for one more exchange and the caller's budget of new keys;
-//! - [`forward`]: the exchange with the upstream, in a task of its own that outlives the client;
-//! - [`settle`]: every store write after the claim (renew, settle, release, and the release in
-//!   the background of a claim whose request is gone);
-//! - [`reconcile`]: asking the upstream what became of a request whose answer was lost (on a
-//!   route with `[routes.idempotency.reconcile]`; without it, `Unknown` is 502 at once);
-//! - [`answer`]: the first answer, a replay, or what a retry of an unstored answer gets.
+//! - [`exchange`]: the upstream call, in a task of its own that outlives the client, decided by
+//!   [`outcome`]'s table and settled through [`settle`]; answers read by [`capture`]; what a
+//!   key left for an operator indexed by [`trail`];
+//! - [`reply`]: the first answer, a replay, or what a retry of an unstored answer gets.
 //!
-//! The phases share a [`Handler`] (borrowed, made in `Gateway::handle`) and a `Claimant`
-//! (owned, made by `identify`, moved into the exchange); see `context`.
+//! A route in observe mode takes the same phases: what enforcing would refuse or replay is
+//! handed back to be forwarded as a plain route would (a duplicate's answer compared with the
+//! stored one), counted in `idemgate_observed_total` as what enforcing would have done; a
+//! claimed request goes through the exchange, which streams the answer and settles the key
+//! as enforcing would, so that switching to enforce never runs it again. Each table
+//! (`identify`, and the two of `outcome`) has a column per mode.
+//!
+//! The phases share a [`Session`] (borrowed, made in `Gateway::handle`) and a `Ctx` (owned,
+//! made by `identify`, moved into the exchange); see `context`.
 //!
 //! A store that fails on the claim gets the route's `on_store_error`: fail-closed refuses,
-//! fail-open goes through `admit` and `forward` all the same, unconfirmed.
+//! fail-open goes through `admit` and the exchange all the same, unconfirmed, as an observing
+//! route does.
 
 mod admit;
-mod answer;
 mod capture;
 mod claim;
 mod context;
-mod forward;
+mod exchange;
 mod identify;
-mod observe;
 mod outcome;
 mod reconcile;
+mod reply;
 mod settle;
+mod trail;
 
-use http::{HeaderValue, Request};
+use http::Request;
 use hyper::body::Incoming;
 
-use crate::body;
+use self::admit::Admission;
+pub use self::context::Session;
+use self::identify::Identified;
+use self::outcome::Next;
+pub use self::reply::{Pass, Served};
 use crate::error::GatewayError;
-use crate::metrics::Outcome;
-use crate::proxy;
-use crate::store::Claim;
+use crate::metrics::{Outcome, Would};
 
-pub use self::answer::Served;
-use self::context::Claimed;
-pub use self::context::Handler;
-use self::identify::{Identified, Identity};
-pub use self::observe::observe;
-
-/// Serves one request on an idempotent route.
-pub async fn handle(mut h: Handler<'_>, request: Request<Incoming>) -> Result<Served, GatewayError> {
-    let (rt, route) = (h.rt, h.route);
-    let Identified { parts, body, mut claimant } = match identify::identify(rt, route, request).await? {
-        Identity::Keyed(identified) => identified,
-        Identity::Unkeyed(request) => {
-            let response = proxy::send(&route.upstream, request.map(body::boxed), h.connection).await?;
-            return Ok((Outcome::PassedThrough, response));
-        }
+/// Serves one request on an idempotent route, enforcing or observing: answered here, or
+/// handed back to be forwarded as a plain route would.
+pub async fn serve(mut s: Session<'_>, request: Request<Incoming>) -> Result<Served, GatewayError> {
+    let mut ctx = match identify::identify(&mut s, request).await? {
+        Identified::Keyed(ctx) => ctx,
+        Identified::Unclaimed(outcome, request) => return Ok(Served::Pass(Pass { request, outcome, expected: None })),
     };
-    h.notes.record = Some(claimant.record.short().to_owned());
+    s.notes.record = Some(ctx.claimant.record.short().to_owned());
 
-    let mut tried = claim::traced(&mut h, &mut claimant).await;
-    // An unknown outcome on a route that reconciles: ask the upstream (once per request).
-    let mut reconciled = false;
-    if let Ok(Claim::Unknown { .. }) = tried.reply
-        && route.policy.reconcile.is_some()
-    {
-        let question = reconcile::Question::new(
-            route,
-            &parts.headers,
-            &claimant.key,
-            claimant.record.clone(),
-            claimant.fingerprint,
-            &h.connection.peer,
-        );
-        let span = h.notes.span.as_ref().map(|s| s.child("reconcile"));
-        let asked = reconcile::on_retry(rt, route, question).await;
-        if let Some(span) = span {
-            span.set("idemgate.reconciled", asked.describe());
-            span.end(None);
+    let tried = claim::claim(&mut s, &mut ctx).await;
+    let (claimed, would, expected) = match outcome::after_claim(&s, &ctx.claimant, tried) {
+        Next::Forward(claimed, would) => (Some(claimed), would, None),
+        Next::Pass(would, expected) => (None, Some(would), expected),
+        Next::Replay(stored, reconciled) => {
+            let header = &s.route.policy.replay_header;
+            let replay = if reconciled { reply::reconciled(stored, header) } else { reply::replay(stored, header) };
+            return Ok(Served::Answered(Outcome::Replayed, replay));
         }
-        match asked {
-            reconcile::Asked::Found(stored) => {
-                return Ok((Outcome::Replayed, answer::reconciled(stored, &route.policy.replay_header)));
-            }
-            // The lookup outlasted the wait: what a duplicate gets when its key is still held.
-            reconcile::Asked::Running { left } => {
-                return Err(GatewayError::InFlight { retry_after: left });
-            }
-            reconcile::Asked::TooEarly { left } => {
-                return Err(GatewayError::OutcomeUnknown {
-                    timed_out: false,
-                    settling: reconcile::settling(route, Some(left)),
-                });
-            }
-            reconcile::Asked::Failed => {
-                return Err(GatewayError::OutcomeUnknown {
-                    timed_out: false,
-                    settling: reconcile::settling(route, None),
-                });
-            }
-            reconcile::Asked::Changed => {
-                reconciled = true;
-                tried = claim::traced(&mut h, &mut claimant).await;
-            }
+        Next::NotStored(head) => {
+            let (policy, route) = (&s.route.policy, s.route);
+            let answer = reply::not_stored(head, &policy.replay_header, &route.settings.problem_base, &route.errors);
+            return Ok(Served::Answered(Outcome::Replayed, answer));
         }
-    }
-    let claimed = match tried.reply {
-        Ok(Claim::Acquired(lease)) => Claimed::Confirmed(lease),
-        Ok(Claim::InFlight { lease_left }) => {
-            let retry_after = claim::retry_after(route, lease_left, tried.holder_ran);
-            return Err(GatewayError::InFlight { retry_after });
-        }
-        Err(e) => claim::store_failed(&h, &claimant, e, tried.sent)?,
-        Ok(Claim::Completed(stored)) if reconciled => {
-            return Ok((Outcome::Replayed, answer::reconciled(stored, &route.policy.replay_header)));
-        }
-        Ok(Claim::Completed(stored)) => {
-            return Ok((Outcome::Replayed, answer::replay(stored, &route.policy.replay_header)));
-        }
-        Ok(Claim::Executed(head)) => {
-            let response =
-                answer::not_stored(head, &route.policy.replay_header, &route.settings.problem_base, &route.errors);
-            return Ok((Outcome::Replayed, response));
-        }
-        Ok(Claim::Unknown { .. }) => {
-            return Err(GatewayError::OutcomeUnknown { timed_out: false, settling: reconcile::settling(route, None) });
-        }
-        Ok(Claim::Mismatch) => return Err(GatewayError::Mismatch),
+        Next::Refuse(e) => return Err(e),
     };
-    let confirmed = claimed.is_confirmed();
-    if let Some(attempt) = claimed.attempt() {
-        tracing::debug!(route = %route.name, key = claimant.record.short(), attempt, "claimed");
+    let (admitted, would) = match claimed {
+        None => (false, would),
+        Some(claimed) => match admit::admit(&s, &mut ctx, claimed).await {
+            Admission::Admitted => (true, would),
+            Admission::Refused(e) => return Err(e),
+            Admission::Throttled => (false, Some(Would::Throttle)),
+        },
+    };
+    // What enforcing would have done, once it is known, whatever happens next.
+    if let Some(would) = would {
+        s.route.metrics.observed(would);
+        s.notes.observed = Some(would);
     }
-
-    let admitted = admit::admit(&h, &claimant, claimed).await?;
-    let mut response = forward::forward(&mut h, claimant, admitted, parts, body).await?;
-    if confirmed {
-        return Ok((Outcome::Executed, response));
+    if !admitted {
+        return Ok(Served::Pass(Pass { request: ctx.into_request(), outcome: Outcome::Observed, expected }));
     }
-    response.headers_mut().insert(answer::STATUS_HEADER, HeaderValue::from_static("bypassed"));
-    Ok((Outcome::Bypassed, response))
+    exchange::forward(&mut s, ctx).await
 }

@@ -40,12 +40,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderMap, Request, request};
+use http::{HeaderMap, Request};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::capture::{self, Captured};
-use crate::error::Settling;
+use super::context::{Ctx, Session};
+
 use crate::forwarded::Peer;
 use crate::headers;
 use crate::metrics::{GaugeHold, Reconciliation};
@@ -141,23 +142,30 @@ impl Asked {
     }
 }
 
-/// When a retry that met an unknown outcome should come back: when a lookup may settle it.
-/// After one that failed, nothing says the next will fail too: soon.
-const AFTER_FAILED: Duration = Duration::from_secs(1);
-
-/// How the key of a route's unknown outcome gets settled, for the answer that says so: by
-/// asking the upstream (at a retry, `retry_after` from now at the soonest), or by an operator.
-pub fn settling(route: &IdempotentRoute, retry_after: Option<Duration>) -> Settling {
-    match &route.policy.reconcile {
-        Some(_) => Settling::Asking { retry_after: retry_after.unwrap_or(AFTER_FAILED) },
-        None => Settling::Held,
-    }
-}
-
 /// A retry met an unknown outcome: ask the upstream, or wait for the lookup another request
 /// started, within the route's `wait`, exactly as a duplicate waits for the request holding
 /// its key.
-pub async fn on_retry(rt: &Arc<Runtime>, route: &Arc<IdempotentRoute>, question: Question) -> Asked {
+pub async fn on_retry(s: &mut Session<'_>, ctx: &Ctx) -> Asked {
+    let claimant = &ctx.claimant;
+    let question = Question::new(
+        s.route,
+        &ctx.parts.headers,
+        &claimant.key,
+        claimant.record.clone(),
+        claimant.fingerprint,
+        &s.connection.peer,
+    );
+    let span = s.notes.span.as_ref().map(|span| span.child("reconcile"));
+    let asked = ask_on_retry(s.rt, s.route, question).await;
+    if let Some(span) = span {
+        span.set("idemgate.reconciled", asked.describe());
+        span.end(None);
+    }
+    asked
+}
+
+/// Asks for a retry (see [`on_retry`]), or waits for the lookup another request runs.
+async fn ask_on_retry(rt: &Arc<Runtime>, route: &Arc<IdempotentRoute>, question: Question) -> Asked {
     let Some(reconcile) = &route.policy.reconcile else { return Asked::Failed };
     let deadline = Instant::now() + route.policy.wait;
     let lease = lookup_lease(rt, route);
@@ -296,8 +304,8 @@ fn lookup_lease(rt: &Runtime, route: &IdempotentRoute) -> Duration {
     route.upstream.timeout() + rt.store.call_timeout() * 2 + Duration::from_secs(1)
 }
 
-/// What the upstream's lookup answered.
-enum Answer {
+/// What the upstream's lookup said.
+enum Heard {
     Found(StoredResponse),
     NotFound,
     Failed(String),
@@ -311,24 +319,24 @@ async fn ask(
     question: &Question,
     token: OwnerToken,
 ) -> Asked {
-    let answer = call(route, reconcile, question).await;
-    let end = match &answer {
-        Answer::Found(response) => LookupEnd::Found { response, retention: route.policy.retention },
-        Answer::NotFound => LookupEnd::NotFound { ttl: route.policy.in_progress_ttl() },
-        Answer::Failed(_) => LookupEnd::Failed,
+    let heard = call(route, reconcile, question).await;
+    let end = match &heard {
+        Heard::Found(response) => LookupEnd::Found { response, retention: route.policy.retention },
+        Heard::NotFound => LookupEnd::NotFound { ttl: route.policy.in_progress_ttl() },
+        Heard::Failed(_) => LookupEnd::Failed,
     };
     let (name, key) = (&route.name, question.record.short());
     let ended = rt.store.end_lookup(&question.record, token, end).await;
-    let (result, asked) = match (answer, ended) {
-        (Answer::Found(response), Ok(LookupEnded::Done)) => {
+    let (result, asked) = match (heard, ended) {
+        (Heard::Found(response), Ok(LookupEnded::Done)) => {
             tracing::info!(route = %name, key, status = response.status.as_u16(), "unknown outcome reconciled: the upstream had the answer");
             (Reconciliation::Found, Asked::Found(response))
         }
-        (Answer::NotFound, Ok(LookupEnded::Done)) => {
+        (Heard::NotFound, Ok(LookupEnded::Done)) => {
             tracing::info!(route = %name, key, "unknown outcome reconciled: the upstream never ran it; released");
             (Reconciliation::NotFound, Asked::Changed)
         }
-        (Answer::NotFound, Ok(LookupEnded::TooEarly { left })) => {
+        (Heard::NotFound, Ok(LookupEnded::TooEarly { left })) => {
             tracing::debug!(route = %name, key, left = %crate::access::human(left), "the upstream has no answer yet, and may still be running the request");
             (Reconciliation::TooEarly, Asked::TooEarly { left })
         }
@@ -336,7 +344,7 @@ async fn ask(
         (_, Ok(LookupEnded::Lost)) => return Asked::Changed,
         (answer, Ok(_)) => {
             let why = match answer {
-                Answer::Failed(why) => why,
+                Heard::Failed(why) => why,
                 _ => "the store refused the lookup's answer".to_owned(),
             };
             tracing::warn!(route = %name, key, reason = %why, "lookup of an unknown outcome failed; the key stays unknown");
@@ -357,25 +365,25 @@ async fn ask(
 }
 
 /// Sends the lookup and reads its answer, within the upstream's timeout.
-async fn call(route: &IdempotentRoute, reconcile: &Reconcile, question: &Question) -> Answer {
+async fn call(route: &IdempotentRoute, reconcile: &Reconcile, question: &Question) -> Heard {
     let upstream = &route.upstream;
     let Ok(uri) = reconcile.path.expand(&question.key).parse::<http::Uri>() else {
         // Unreachable: the path was checked at load, and the key is percent-encoded.
-        return Answer::Failed("the lookup's path is not a valid URI".into());
+        return Heard::Failed("the lookup's path is not a valid URI".into());
     };
     let (mut parts, ()) = Request::new(()).into_parts();
     parts.method = reconcile.method.clone();
     parts.uri = uri;
     parts.headers = question.headers.clone();
-    prepare(route, &mut parts, &question.peer);
+    route.upstream.prepare(&mut parts, &question.peer);
     let deadline = Instant::now() + upstream.timeout();
     // A lookup asks any instance that connects (they answer from one shared database).
     let request = Request::from_parts(parts, Bytes::new());
     let response = match upstream.send_buffered(request, deadline).await {
         Err(UpstreamError::Timeout { .. }) => {
-            return Answer::Failed(format!("no answer within {:?}", upstream.timeout()));
+            return Heard::Failed(format!("no answer within {:?}", upstream.timeout()));
         }
-        Err(e) => return Answer::Failed(e.to_string()),
+        Err(e) => return Heard::Failed(e.to_string()),
         Ok(mut response) => {
             headers::strip_hop_by_hop(response.headers_mut());
             response
@@ -386,25 +394,20 @@ async fn call(route: &IdempotentRoute, reconcile: &Reconcile, question: &Questio
         match tokio::time::timeout_at(deadline, capture::capture(response, route.policy.max_stored_body)).await {
             Ok(Ok(Captured::Whole(parts, body))) => (parts, body),
             Ok(Ok(Captured::TooLarge(..))) => {
-                return Answer::Failed(format!("a {status} answer larger than max_stored_body"));
+                return Heard::Failed(format!("a {status} answer larger than max_stored_body"));
             }
-            Ok(Err(e)) => return Answer::Failed(format!("the answer broke off: {e}")),
-            Err(_) => return Answer::Failed(format!("no whole answer within {:?}", upstream.timeout())),
+            Ok(Err(e)) => return Heard::Failed(format!("the answer broke off: {e}")),
+            Err(_) => return Heard::Failed(format!("no whole answer within {:?}", upstream.timeout())),
         };
     if reconcile.found.contains(status) {
         let headers = headers::storable(&parts.headers, &route.policy.stored_headers);
         let status = reconcile.answer_status.unwrap_or(status);
         // A status without a body (`answer_status = 204`) is replayed without one: none is kept.
         let body = if headers::has_no_body(status) { Default::default() } else { body };
-        return Answer::Found(StoredResponse { status, headers, body });
+        return Heard::Found(StoredResponse { status, headers, body });
     }
     if reconcile.not_found.contains(status) {
-        return Answer::NotFound;
+        return Heard::NotFound;
     }
-    Answer::Failed(format!("the lookup answered {status}, neither found nor not_found"))
-}
-
-/// The lookup's head as the upstream gets it, like any forwarded request's.
-fn prepare(route: &IdempotentRoute, parts: &mut request::Parts, peer: &Peer) {
-    route.upstream.prepare(parts, peer);
+    Heard::Failed(format!("the lookup answered {status}, neither found nor not_found"))
 }

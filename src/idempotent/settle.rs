@@ -1,8 +1,11 @@
-//! Settle: every write to a key after its claim, with its logs, counters and persistence.
+//! Settle: every write an exchange makes to its key after the claim, with its logs, counters
+//! and persistence; and the release of a claim that never reached an exchange
+//! ([`Unadmitted`], [`release_unsent`]).
 //!
 //! While the upstream call runs, the lease is renewed every third of its duration
 //! ([`Keeper::renewing`]); when the call has ended, the claim is settled with its outcome
-//! (completed, executed, unknown) or released.
+//! (completed, executed, unknown) or released. The keeper owns the claim, and each way of
+//! ending it consumes the keeper: a claim is ended once.
 //!
 //! The hazard is a write that fails after the upstream answered. Nothing else can settle the
 //! key until its lease passes, and once it has passed, a retry takes the key over and runs
@@ -40,14 +43,14 @@ use crate::policy::UnknownOutcomePolicy;
 use crate::runtime::{IdempotentRoute, Route, Runtime};
 use crate::store::{Backend, Final, Lease, Lifecycle, Renewal, Sent, Settled, StoreError};
 
-/// Keeps a lease until it ends: renews it while the call runs, then settles or releases it;
-/// the store calls, their logs and counters.
+/// Keeps a claim until it ends: renews its lease while the call runs, then settles or
+/// releases it; the store calls, their logs and counters.
 pub struct Keeper<'a> {
     route: &'a IdempotentRoute,
     store: &'a Backend,
-    /// Whether the store confirmed the claim (see `admit::Claimed`): an unconfirmed
-    /// claim that turns out lost was never made, and is not counted as a takeover.
-    confirmed: bool,
+    /// The claim. An unconfirmed one (the claim call failed) that turns out lost was never
+    /// made, and is not counted as a takeover.
+    claimed: Claimed,
     /// When the lease ends at the earliest, by this gateway's clock: a lease after the claim
     /// or the last renewal was sent, since the store applied it no earlier. (Shared with the
     /// renewals that run beside the exchange's work.)
@@ -55,10 +58,20 @@ pub struct Keeper<'a> {
 }
 
 impl<'a> Keeper<'a> {
-    /// Settling `lease` on `route` in `store`.
-    pub fn new(route: &'a IdempotentRoute, store: &'a Backend, claimed: &Claimed) -> Self {
-        let (lease, confirmed) = (claimed.lease(), claimed.is_confirmed());
-        Self { route, store, confirmed, lease_end: Mutex::new(lease.sent() + lease.duration()) }
+    /// Keeping `claimed` on `route` in `store`.
+    pub fn new(route: &'a IdempotentRoute, store: &'a Backend, claimed: Claimed) -> Self {
+        let lease = claimed.lease();
+        let lease_end = Mutex::new(lease.sent() + lease.duration());
+        Self { route, store, claimed, lease_end }
+    }
+
+    fn lease(&self) -> &Lease {
+        self.claimed.lease()
+    }
+
+    /// Whether the store confirmed the claim.
+    fn confirmed(&self) -> bool {
+        self.claimed.is_confirmed()
     }
 
     fn lease_end(&self) -> Instant {
@@ -76,7 +89,8 @@ impl<'a> Keeper<'a> {
     /// polls of `work` (a short pause of the exchange; the upstream's bytes wait in the
     /// socket). Once the lease is found lost, renewal stops; the exchange still finishes, and
     /// settling will find the lease lost too.
-    pub async fn renewing<T>(&self, lease: &Lease, mut work: Pin<&mut impl Future<Output = T>>) -> T {
+    pub async fn renewing<T>(&self, mut work: Pin<&mut impl Future<Output = T>>) -> T {
+        let lease = self.lease();
         // An unconfirmed claim (the claim call's reply was lost, fail-open) is renewed too: if
         // it was made, it must not pass while the forwarded request runs, or a retry would
         // take it over and run the request again. Renewal names the owner, so a claim that
@@ -96,7 +110,7 @@ impl<'a> Keeper<'a> {
                 // exchange's state by its size.
                 sent = ticks.tick(), if renewing => match Box::pin(store.renew(lease)).await {
                     Ok(Renewal::Renewed) => self.renewed(lease, sent),
-                    Ok(Renewal::Lost) if !self.confirmed => renewing = false,
+                    Ok(Renewal::Lost) if !self.confirmed() => renewing = false,
                     Ok(Renewal::Lost) => {
                         renewing = false;
                         route.metrics.lease_lost();
@@ -114,41 +128,43 @@ impl<'a> Keeper<'a> {
     /// One try at settling the claim with its outcome, before the client is answered (so
     /// that its retry finds the answer); when it fails, [`Keeper::finish`] goes on behind the
     /// answer.
-    pub async fn first_try(&self, lease: &Lease, outcome: Final<'_>) -> Result<Settled, StoreError> {
-        self.store.settle(lease, outcome, self.route.policy.retention).await
+    pub async fn first_try(&self, outcome: Final<'_>) -> Result<Settled, StoreError> {
+        self.store.settle(self.lease(), outcome, self.route.policy.retention).await
     }
 
     /// Settles the claim with its outcome, after `failed` tries the caller already made; true
     /// when the lease turned out to be lost.
-    pub async fn finish(&self, lease: Lease, outcome: Final<'_>, failed: u32) -> bool {
+    pub async fn finish(self, outcome: Final<'_>, failed: u32) -> bool {
         // Boxed: inline, the retry loop (a store write, a renewal, a timer) would swell every
         // exchange's state although it runs only after the store failed (docs/performance.md).
-        let write = || self.store.settle(&lease, outcome, self.route.policy.retention);
-        let (result, _) = Box::pin(self.persist(&lease, failed, write)).await;
+        let write = || self.store.settle(self.lease(), outcome, self.route.policy.retention);
+        let (result, _) = Box::pin(self.persist(failed, write)).await;
         self.logged("settle", result)
     }
 
     /// The request was sent without a complete answer: hold the key as unknown (a lookup's
     /// "not found" trusted only `trusted_in` from now), or release it, as the route says.
     /// Returns what was done.
-    pub async fn unknown(&self, lease: Lease, trusted_in: Duration) -> UnknownOutcomePolicy {
-        match self.route.policy.on_unknown_outcome {
+    pub async fn unknown(self, trusted_in: Duration) -> UnknownOutcomePolicy {
+        let policy = self.route.policy.on_unknown_outcome;
+        match policy {
             UnknownOutcomePolicy::Hold => {
                 self.route.metrics.outcome_unknown();
-                self.finish(lease, Final::Unknown { trusted_in }, 0).await;
+                self.finish(Final::Unknown { trusted_in }, 0).await;
             }
-            UnknownOutcomePolicy::Release => self.release(lease, Sent::Maybe, ReleaseReason::Unknown).await,
+            UnknownOutcomePolicy::Release => self.release(Sent::Maybe, ReleaseReason::Unknown).await,
         }
-        self.route.policy.on_unknown_outcome
+        policy
     }
 
     /// Releases the claim: the next request with its key runs (as the next attempt, unless
     /// this one was certainly not sent).
-    pub async fn release(&self, lease: Lease, sent: Sent, reason: ReleaseReason) {
+    pub async fn release(self, sent: Sent, reason: ReleaseReason) {
         self.route.metrics.released(reason);
+        let lease = self.lease();
         let (key, owner, ttl) = (lease.key(), lease.owner(), lease.release_ttl());
         // Boxed, as in `finish`.
-        let (result, failed) = Box::pin(self.persist(&lease, 0, || self.store.release(key, owner, sent, ttl))).await;
+        let (result, failed) = Box::pin(self.persist(0, || self.store.release(key, owner, sent, ttl))).await;
         // A release is not told apart from a takeover: a first release (attempt 1, not sent)
         // deletes the record, so a try that landed leaves nothing to recognise. `Lost` after
         // a try that failed is taken as that try's work: what a release is for, letting the
@@ -168,7 +184,7 @@ impl<'a> Keeper<'a> {
         match result {
             Ok(Settled::Done) => false,
             // Without a confirmed claim there was nothing to lose.
-            Ok(Settled::Lost) if !self.confirmed => false,
+            Ok(Settled::Lost) if !self.confirmed() => false,
             Ok(Settled::Lost) => {
                 route.metrics.lease_lost();
                 tracing::warn!(route = %route.name, action, "claim was taken over before it settled; the upstream's own constraint must catch a duplicate");
@@ -186,16 +202,12 @@ impl<'a> Keeper<'a> {
     /// the lease lasts (see the module docs); `failed` tries were made already. Between tries
     /// the lease is renewed when the store answers. Returns the last try's result and how many
     /// tries failed in all.
-    pub async fn persist<F, Fut>(
-        &self,
-        lease: &Lease,
-        mut failed: u32,
-        mut write: F,
-    ) -> (Result<Settled, StoreError>, u32)
+    async fn persist<F, Fut>(&self, mut failed: u32, mut write: F) -> (Result<Settled, StoreError>, u32)
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<Settled, StoreError>>,
     {
+        let lease = self.lease();
         let mut pause = BACKOFF;
         // Renewals move the window; a store that takes renewals but never the write (a bug)
         // must not keep the exchange forever.
@@ -240,7 +252,7 @@ pub async fn release_unsent(rt: &Runtime, route: &Route, held: Unadmitted<'_>) {
     }
 }
 
-/// A lease between its claim and its exchange. Dropped while still holding it (the handler's
+/// A lease between its claim and its exchange. Dropped while still holding it (the session's
 /// future was dropped at an await in between), it releases the claim in the background, as
 /// never forwarded.
 pub struct Unadmitted<'a> {
@@ -249,7 +261,7 @@ pub struct Unadmitted<'a> {
 }
 
 impl<'a> Unadmitted<'a> {
-    /// Holds `lease` for the handler.
+    /// Holds `lease` for the session.
     pub fn new(rt: &'a Runtime, lease: Lease) -> Self {
         Self { rt, lease: Some(lease) }
     }

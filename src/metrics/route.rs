@@ -142,6 +142,14 @@ impl RouteMetrics {
         }
     }
 
+    /// Records how long a pass-through exchange took to its answer's head, in the histogram
+    /// alone: the quantile is of keyed exchanges, which read the whole answer.
+    pub fn passed_latency(&self, class: &'static str, took: std::time::Duration) {
+        if let Some((_, histogram)) = self.upstream_seconds.iter().find(|(c, _)| *c == class) {
+            histogram.observe(took.as_secs_f64());
+        }
+    }
+
     /// The 90th percentile of the route's upstream answer times (classes 2xx to 5xx), once
     /// at least [`QUANTILE_MIN_SAMPLES`] were seen.
     pub fn upstream_p90(&self) -> Option<Duration> {

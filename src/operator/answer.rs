@@ -7,7 +7,7 @@
 //! crafted body would smuggle a whole response to whoever shares the connection. So an answer
 //! may carry only headers a replay may carry: every header the gateway never stores from an
 //! upstream is refused, by name, and so is a body on a status that has none (204, 205, 304).
-//! (Replays are framed from the body they send all the same: see `idempotent::answer`.)
+//! (Replays are framed from the body they send all the same: see `idempotent::reply`.)
 
 use std::collections::BTreeMap;
 

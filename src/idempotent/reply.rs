@@ -1,4 +1,4 @@
-//! Answer: what the client gets, when the upstream answered it now and when the store does.
+//! Reply: what the client gets, when the upstream answered it now and when the store does.
 //!
 //! A replay sends the stored status, headers and body exactly as stored, plus the replay
 //! header, so that clients and logs can tell a replay from a first execution; it never
@@ -8,17 +8,36 @@
 //! protocol version, marked when its claim was taken over while it ran.
 
 use bytes::Bytes;
-use http::{HeaderName, HeaderValue, Response, header, response};
+use http::{HeaderName, HeaderValue, Request, Response, header, response};
 
 use crate::body::{self, Body};
 use crate::error::Problem;
 use crate::headers;
 use crate::metrics::Outcome;
 use crate::policy::errors::ErrorShape;
+use crate::proxy::Expected;
 use crate::store::StoredResponse;
 
-/// How a request is counted, and its response.
-pub type Served = (Outcome, Response<Body>);
+/// What the idempotent path did with a request.
+pub enum Served {
+    /// Answered (by the upstream, the store or a refusal the gateway counts as served), and
+    /// how the request is counted.
+    Answered(Outcome, Response<Body>),
+    /// Not claimed: to forward as a plain route would.
+    Pass(Pass),
+}
+
+/// A request the idempotent path did not claim, to forward as a plain route would: an
+/// enforcing route's request without its optional key, or anything an observing route does
+/// not claim.
+pub struct Pass {
+    /// The request, whole.
+    pub request: Request<Body>,
+    /// How it is counted (`passed_through`, or `observed`).
+    pub outcome: Outcome,
+    /// A duplicate's answer, expected to be the one stored for its key.
+    pub expected: Option<Expected>,
+}
 
 /// The header that tells a client how its key was handled when that is not plain: its
 /// claim was taken over while the request ran (`lease-lost`), the store was bypassed, or its
