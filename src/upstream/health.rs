@@ -110,16 +110,20 @@ impl Health {
         }
         let (upstream, instance, reason, running) =
             (&self.upstream, &self.label, trouble.reason(), trouble.after(&self.rule));
+        // The target these lines always had, whatever file says them: operators filter on it.
         match trouble {
             Trouble::Connect => tracing::warn!(
+                target: "idemgate::upstream",
                 %upstream, %instance, reason, out_for = ?out_for,
                 "an instance failed to connect {running} times running; left out for {out_for:?}"
             ),
             Trouble::Broken => tracing::warn!(
+                target: "idemgate::upstream",
                 %upstream, %instance, reason, out_for = ?out_for,
                 "an instance broke {running} exchanges running (reset or closed before any answer); left out for {out_for:?}"
             ),
             Trouble::Gateway => tracing::warn!(
+                target: "idemgate::upstream",
                 %upstream, %instance, reason, out_for = ?out_for,
                 "an instance answered {running} gateway errors (502, 503, 504) running; left out for {out_for:?}"
             ),
