@@ -3,8 +3,7 @@
 
 use http::HeaderName;
 
-use super::routes::valid_route_name;
-use super::{Issues, header_name};
+use super::{Issues, header_name, valid_route_name};
 use crate::config::file::IdentitySection;
 use crate::config::{HostPattern, RouteConfig};
 use crate::policy::fingerprint::{FingerprintSpec, JsonPointer};

@@ -62,6 +62,11 @@ pub(super) fn build(file: File, env: &dyn Fn(&str) -> Option<String>) -> Result<
     }
 }
 
+/// The route-name rules, which an identity's name follows too.
+pub(super) fn valid_route_name(name: &str) -> bool {
+    !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+}
+
 pub(super) fn header_name(issues: &mut Issues, key: &str, name: &str) -> Option<HeaderName> {
     issues
         .check(key, HeaderName::from_bytes(name.as_bytes()).map_err(|_| format!("{name:?} is not a valid header name")))

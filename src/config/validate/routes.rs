@@ -29,7 +29,7 @@ pub(super) fn routes(file: &File, errors: &ErrorShape, issues: &mut Issues) -> V
     let mut out = Vec::with_capacity(file.routes.len());
     for (i, r) in file.routes.iter().enumerate() {
         let key = format!("routes[{i}]");
-        if !valid_route_name(&r.name) {
+        if !super::valid_route_name(&r.name) {
             issues.add(format!("{key}.name"), format!("{:?} must be non-empty and use only A-Z a-z 0-9 - _ .", r.name));
         } else if !names.insert(r.name.as_str()) {
             issues.add(format!("{key}.name"), format!("{:?} is used by an earlier route", r.name));
@@ -218,11 +218,6 @@ fn policy(
         replay_header: replay_header?,
         reconcile: reconcile?,
     })
-}
-
-/// The route-name rules, which an identity's name follows too.
-pub(super) fn valid_route_name(name: &str) -> bool {
-    !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
 }
 
 fn reconcile(key: &str, s: &ReconcileSection, issues: &mut Issues) -> Option<Reconcile> {
