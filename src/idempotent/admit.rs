@@ -1,28 +1,20 @@
 //! Admit: room for one more exchange, and the caller's budget of new keys.
 //!
 //! Checked after the claim, so that replays and retries are never refused for load or quota.
-//! A claim refused here was never sent: it is given back, with its attempt number.
+//! A claim refused here was never sent: it is given back, with its attempt number, and one
+//! whose request goes away here is given back in the background ([`Unadmitted`]).
 
 use std::sync::Arc;
 
-use tokio::sync::OwnedSemaphorePermit;
-
-use super::context::{Claimed, Ctx, Session};
-use super::settle;
-use crate::connection::{Connection, ConnectionSlot};
+use super::context::{Claimed, Ctx, Session, Slots};
+use super::ghost;
+use crate::connection::Connection;
 use crate::error::GatewayError;
+use crate::metrics::ReleaseReason;
 use crate::policy::Mode;
 use crate::policy::scope::Scope;
 use crate::runtime::{IdempotentRoute, Runtime};
-use crate::store::{Quota, QuotaKey};
-
-/// An exchange's places under the global and the per-connection limits, held until it ends
-/// (after its client, if the client goes away first).
-#[derive(Debug)]
-pub struct Slots {
-    _global: OwnedSemaphorePermit,
-    _connection: ConnectionSlot,
-}
+use crate::store::{Lease, Lifecycle, Quota, QuotaKey, Sent};
 
 /// Whether a claimed request goes upstream.
 pub enum Admission {
@@ -60,7 +52,7 @@ pub async fn admit(s: &Session<'_>, ctx: &mut Ctx, claimed: Claimed) -> Admissio
     };
     // Given back unless admitted: if this future is dropped at the await below (the client went
     // away), the claim is given back instead of blocking its key.
-    let unadmitted = settle::Unadmitted::new(rt, lease);
+    let unadmitted = Unadmitted::new(rt, lease);
     let refused = match slots {
         Some(None) => GatewayError::Overloaded,
         slots => match budget.await {
@@ -72,7 +64,12 @@ pub async fn admit(s: &Session<'_>, ctx: &mut Ctx, claimed: Claimed) -> Admissio
             Some(exceeded) => exceeded,
         },
     };
-    settle::release_unsent(rt, route, unadmitted).await;
+    // Never forwarded: its attempt number is given back.
+    route.metrics.released(ReleaseReason::NotSent);
+    let (key, owner, ttl) = unadmitted.take().into_release();
+    if let Err(e) = rt.store.release(&key, owner, Sent::No, ttl).await {
+        tracing::debug!(key = key.short(), error = %e, "cannot release a claim that was not forwarded; it expires with its lease");
+    }
     if observing { Admission::Throttled } else { Admission::Refused(refused) }
 }
 
@@ -80,7 +77,7 @@ pub async fn admit(s: &Session<'_>, ctx: &mut Ctx, claimed: Claimed) -> Admissio
 fn slots(rt: &Runtime, connection: &Arc<Connection>) -> Option<Slots> {
     let global = Arc::clone(&rt.exchange_slots).try_acquire_owned().ok()?;
     let local = connection.exchange_slot()?;
-    Some(Slots { _global: global, _connection: local })
+    Some(Slots::new(global, local))
 }
 
 /// Counts a new key against the caller's budget on this route (`max_new_keys`); the error
@@ -105,6 +102,35 @@ async fn new_key_budget(
             route.metrics.store_error();
             tracing::debug!(route = %route.name, error = %e, "cannot count a new key; letting it through");
             None
+        }
+    }
+}
+
+/// A lease between its claim and its exchange. Dropped while still holding it (the session's
+/// future was dropped at an await in between), it releases the claim in the background, as
+/// never forwarded.
+struct Unadmitted<'a> {
+    rt: &'a Runtime,
+    lease: Option<Lease>,
+}
+
+impl<'a> Unadmitted<'a> {
+    /// Holds `lease` for the session.
+    fn new(rt: &'a Runtime, lease: Lease) -> Self {
+        Self { rt, lease: Some(lease) }
+    }
+
+    /// Hands the lease on (to an exchange, or to an explicit release).
+    fn take(mut self) -> Lease {
+        self.lease.take().unwrap_or_else(|| unreachable!("an Unadmitted guard always holds its lease until take"))
+    }
+}
+
+impl Drop for Unadmitted<'_> {
+    fn drop(&mut self) {
+        if let Some(lease) = self.lease.take() {
+            let (key, owner, ttl) = lease.into_release();
+            ghost::release_in_background(self.rt, key, owner, ttl);
         }
     }
 }

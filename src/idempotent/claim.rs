@@ -12,18 +12,19 @@
 //! or that is someone else's, is left alone), with a bounded number of retries. A route that
 //! fails open, or observes, instead goes on under the same token, unconfirmed, and the
 //! exchange settles it if it was made. A claim that was made but is refused before it is sent
-//! (`settle::Unadmitted`, kept by `admit`) is given back the same way.
+//! (`admit::Unadmitted`) is given back the same way.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::context::{Claimant, Ctx, Session};
+use super::ghost;
 use super::reconcile::{self, Asked};
 use crate::metrics::{GaugeHold, Pin, ReleaseReason};
 use crate::policy::{IdempotencyPolicy, Mode, StoreFailurePolicy};
 use crate::runtime::{IdempotentRoute, Route, Runtime};
-use crate::store::{Claim, Lifecycle, OwnerToken, RecordKey, Sent, Settled, StoreError, Terms, Watch};
+use crate::store::{Claim, Lifecycle, OwnerToken, RecordKey, StoreError, Terms, Watch};
 
 /// Claims the key. On an enforcing route, while another request holds it, waits up to the
 /// route's `wait` for it to settle; an observing route claims once and never waits (it
@@ -64,6 +65,11 @@ pub async fn claim(s: &mut Session<'_>, ctx: &mut Ctx) -> Tried {
         if let Ok(Claim::Acquired(lease)) = &reply {
             tracing::debug!(route = %s.route.name, key = ctx.claimant.record.short(), attempt = lease.attempt(), "claimed");
         }
+        // A duplicate still in flight after its wait comes back when the holder is likely done.
+        let retry_after = match &reply {
+            Ok(Claim::InFlight { lease_left }) => retry_after(s.route, *lease_left, spent.holder_ran),
+            _ => Duration::ZERO,
+        };
         if let Err(e) = &reply {
             s.route.metrics.store_error();
             // The outage itself is logged once by the store (see `store::health`); this
@@ -73,11 +79,6 @@ pub async fn claim(s: &mut Session<'_>, ctx: &mut Ctx) -> Tried {
                 release_ghost(s.rt, s.route, &ctx.claimant);
             }
         }
-        // A duplicate still in flight after its wait comes back when the holder is likely done.
-        let retry_after = match &reply {
-            Ok(Claim::InFlight { lease_left }) => retry_after(s.route, *lease_left, spent.holder_ran),
-            _ => Duration::ZERO,
-        };
         let tried = Tried { reply, sent: spent.last_sent.unwrap_or(started), retry_after, asked };
         let asks = !observing && tried.asked.is_none() && s.route.policy.reconcile.is_some();
         if !(asks && matches!(tried.reply, Ok(Claim::Unknown { .. }))) {
@@ -242,7 +243,7 @@ fn retry_after(route: &Route, lease_left: Duration, holder_ran: Duration) -> Dur
 /// without a reply.
 fn release_ghost(rt: &Runtime, route: &IdempotentRoute, claimant: &Claimant) {
     route.metrics.released(ReleaseReason::Ghost);
-    release_in_background(rt, claimant.record.clone(), claimant.owner, route.policy.in_progress_ttl());
+    ghost::release_in_background(rt, claimant.record.clone(), claimant.owner, route.policy.in_progress_ttl());
 }
 
 /// A claim call in flight; dropped while armed (its future was dropped mid-call), it releases
@@ -258,43 +259,7 @@ struct Ghost<'a> {
 impl Drop for Ghost<'_> {
     fn drop(&mut self) {
         if self.armed {
-            release_in_background(self.rt, self.record.clone(), self.owner, self.ttl);
+            ghost::release_in_background(self.rt, self.record.clone(), self.owner, self.ttl);
         }
     }
-}
-
-/// How often, and how far apart, a ghost release is tried before it is left to the lease.
-const GHOST_TRIES: u32 = 5;
-const GHOST_BACKOFF: Duration = Duration::from_millis(200);
-/// How long after finding nothing to release a background release looks once more.
-const GHOST_RECHECK: Duration = Duration::from_secs(1);
-
-/// Releases `record`'s claim by `owner` in the background, as never forwarded, with a bounded
-/// number of tries (see `claim` for why a claim may need it).
-pub fn release_in_background(rt: &Runtime, record: RecordKey, owner: OwnerToken, ttl: Duration) {
-    // Without a runtime (the process is exiting) the claim is left to its lease.
-    let Ok(tasks) = tokio::runtime::Handle::try_current() else { return };
-    let store = std::sync::Arc::clone(&rt.store);
-    rt.exchanges.spawn_on(
-        async move {
-            for attempt in 1..=GHOST_TRIES {
-                match store.release(&record, owner, Sent::No, ttl).await {
-                    Ok(Settled::Done) => {
-                        tracing::info!(key = record.short(), "released a claim whose reply was lost");
-                        return;
-                    }
-                    // Never made, or no longer ours: nothing to release. The claim travels on
-                    // another connection than this release, so it may still land: one more
-                    // look after a pause catches a claim that arrives late.
-                    Ok(Settled::Lost) if attempt == 1 => tokio::time::sleep(GHOST_RECHECK).await,
-                    Ok(Settled::Lost) => return,
-                    Err(e) if attempt == GHOST_TRIES => {
-                        tracing::debug!(key = record.short(), error = %e, "cannot release a claim whose reply was lost; it expires with its lease");
-                    }
-                    Err(_) => tokio::time::sleep(GHOST_BACKOFF * attempt).await,
-                }
-            }
-        },
-        &tasks,
-    );
 }

@@ -14,11 +14,11 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::Request;
 use http::request::Parts;
+use tokio::sync::OwnedSemaphorePermit;
 
-use super::admit::Slots;
 use crate::access::Notes;
 use crate::body::{self, Body};
-use crate::connection::Connection;
+use crate::connection::{Connection, ConnectionSlot};
 use crate::policy::fingerprint::Fingerprint;
 use crate::policy::key::IdempotencyKey;
 use crate::policy::scope::Scope;
@@ -35,6 +35,21 @@ pub struct Session<'a> {
     pub route: &'a Arc<IdempotentRoute>,
     /// What the access line will say about the request, and its span when it is traced.
     pub notes: &'a mut Notes,
+}
+
+/// An exchange's places under the global and the per-connection limits, held until it ends
+/// (after its client, if the client goes away first).
+#[derive(Debug)]
+pub struct Slots {
+    _global: OwnedSemaphorePermit,
+    _connection: ConnectionSlot,
+}
+
+impl Slots {
+    /// A place in all, and one on the connection.
+    pub fn new(global: OwnedSemaphorePermit, connection: ConnectionSlot) -> Self {
+        Self { _global: global, _connection: connection }
+    }
 }
 
 /// A keyed request and what the phases learned of it, owned.

@@ -25,9 +25,8 @@ use http_body_util::BodyExt;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-use super::admit::Slots;
 use super::capture::{self, Captured, StreamEnd, Tee};
-use super::context::{Claimed, Ctx, Session};
+use super::context::{Claimed, Ctx, Session, Slots};
 use super::outcome::{self, Ended, Plan, Settle, Then};
 use super::reply::{self, Served};
 use super::settle::Keeper;

@@ -20,6 +20,7 @@
 //! - [`reconcile`]: asking the upstream what became of a request whose answer was lost (on an
 //!   enforcing route with `[routes.idempotency.reconcile]`; without it, `Unknown` is 502 at once);
 //! - [`admit`]: room for one more exchange and the caller's budget of new keys;
+//! - [`ghost`]: a claim no exchange will end, given back in the background;
 //! - [`exchange`]: the upstream call, in a task of its own that outlives the client, decided by
 //!   [`outcome`]'s table and settled through [`settle`]; answers read by [`capture`]; what a
 //!   key left for an operator indexed by [`trail`];
@@ -44,6 +45,7 @@ mod capture;
 mod claim;
 mod context;
 mod exchange;
+mod ghost;
 mod identify;
 mod outcome;
 mod reconcile;

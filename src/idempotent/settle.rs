@@ -1,6 +1,5 @@
 //! Settle: every write an exchange makes to its key after the claim, with its logs, counters
-//! and persistence; and the release of a claim that never reached an exchange
-//! ([`Unadmitted`], [`release_unsent`]).
+//! and persistence.
 //!
 //! While the upstream call runs, the lease is renewed every third of its duration
 //! ([`Keeper::renewing`]); when the call has ended, the claim is settled with its outcome
@@ -36,11 +35,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::claim;
 use super::context::Claimed;
 use crate::metrics::ReleaseReason;
 use crate::policy::UnknownOutcomePolicy;
-use crate::runtime::{IdempotentRoute, Route, Runtime};
+use crate::runtime::IdempotentRoute;
 use crate::store::{Backend, Final, Lease, Lifecycle, Renewal, Sent, Settled, StoreError};
 
 /// Keeps a claim until it ends: renews its lease while the call runs, then settles or
@@ -242,41 +240,3 @@ impl<'a> Keeper<'a> {
 /// The first pause between two tries of a write after the claim, doubling up to the second.
 const BACKOFF: Duration = Duration::from_millis(50);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
-
-/// Releases a claim that was never forwarded (its attempt number is given back).
-pub async fn release_unsent(rt: &Runtime, route: &Route, held: Unadmitted<'_>) {
-    route.metrics.released(ReleaseReason::NotSent);
-    let (key, owner, ttl) = held.take().into_release();
-    if let Err(e) = rt.store.release(&key, owner, Sent::No, ttl).await {
-        tracing::debug!(key = key.short(), error = %e, "cannot release a claim that was not forwarded; it expires with its lease");
-    }
-}
-
-/// A lease between its claim and its exchange. Dropped while still holding it (the session's
-/// future was dropped at an await in between), it releases the claim in the background, as
-/// never forwarded.
-pub struct Unadmitted<'a> {
-    rt: &'a Runtime,
-    lease: Option<Lease>,
-}
-
-impl<'a> Unadmitted<'a> {
-    /// Holds `lease` for the session.
-    pub fn new(rt: &'a Runtime, lease: Lease) -> Self {
-        Self { rt, lease: Some(lease) }
-    }
-
-    /// Hands the lease on (to an exchange, or to an explicit release).
-    pub fn take(mut self) -> Lease {
-        self.lease.take().unwrap_or_else(|| unreachable!("an Unadmitted guard always holds its lease until take"))
-    }
-}
-
-impl Drop for Unadmitted<'_> {
-    fn drop(&mut self) {
-        if let Some(lease) = self.lease.take() {
-            let (key, owner, ttl) = lease.into_release();
-            claim::release_in_background(self.rt, key, owner, ttl);
-        }
-    }
-}
