@@ -176,12 +176,16 @@ impl Upstream {
     /// `sending`, until `deadline`. Any dial it starts ends by then too, and first (see
     /// [`dial`]): a request still waiting for a connection at the deadline fails as never
     /// sent ([`UpstreamError::Unreachable`]); one past that point, as timed out.
-    async fn within<T>(
+    ///
+    /// Not an `async fn`: one would keep `sending` beside the copy it awaits, twice the
+    /// request's future in every future above it (each copied whole as it is made).
+    fn within<T>(
         &self,
         deadline: Instant,
         sending: impl Future<Output = Result<T, UpstreamError>>,
-    ) -> Result<T, UpstreamError> {
-        tokio::time::timeout_at(deadline, dial::by(deadline, sending)).await.unwrap_or_else(|_| Err(self.timed_out()))
+    ) -> impl Future<Output = Result<T, UpstreamError>> {
+        let timed = tokio::time::timeout_at(deadline, dial::by(deadline, sending));
+        futures_util::FutureExt::map(timed, move |done| done.unwrap_or_else(|_| Err(self.timed_out())))
     }
 
     async fn send_to(&self, instance: &Instance, request: Request<Body>) -> Result<Response<Incoming>, UpstreamError> {
