@@ -67,7 +67,8 @@ pub async fn admit(s: &Session<'_>, ctx: &mut Ctx, claimed: Claimed) -> Admissio
     // Never forwarded: its attempt number is given back.
     route.metrics.released(ReleaseReason::NotSent);
     let (key, owner, ttl) = unadmitted.take().into_release();
-    if let Err(e) = rt.store.release(&key, owner, Sent::No, ttl).await {
+    // Boxed: a refusal is the rare way out, and its release would weigh on every admission.
+    if let Err(e) = Box::pin(rt.store.release(&key, owner, Sent::No, ttl)).await {
         tracing::debug!(key = key.short(), error = %e, "cannot release a claim that was not forwarded; it expires with its lease");
     }
     if observing { Admission::Throttled } else { Admission::Refused(refused) }

@@ -84,7 +84,8 @@ pub async fn claim(s: &mut Session<'_>, ctx: &mut Ctx) -> Tried {
         if !(asks && matches!(tried.reply, Ok(Claim::Unknown { .. }))) {
             return tried;
         }
-        asked = Some(reconcile::on_retry(s, ctx).await);
+        // Boxed: only a retry of an unknown outcome asks, and the lookup is the largest step.
+        asked = Some(Box::pin(reconcile::on_retry(s, ctx)).await);
         if !matches!(asked, Some(Asked::Changed)) {
             return Tried { asked, ..tried };
         }

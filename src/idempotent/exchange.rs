@@ -120,112 +120,124 @@ struct Report {
 }
 
 impl Exchange {
-    async fn run(self, client: oneshot::Sender<(Reply, Report)>) {
+    /// The exchange's future. Not an `async fn`: one would keep `self` beside the fields taken
+    /// out of it, for the whole exchange.
+    fn run(self, client: oneshot::Sender<(Reply, Report)>) -> impl Future<Output = ()> + Send + 'static {
         let Self { rt, route, claimed: Keeping(claimed), _slots, mut request, trail, span } = self;
-        let (policy, abandon, mode) = (&*route.policy, &rt.abandon, route.policy.mode);
-        let _running = GaugeHold::new(&rt.metrics.exchanges_running);
-        // The attempt is the gateway's word; whatever a client sent under that name is gone
-        // (identify removed it), and an unconfirmed claim has no attempt number to give. An
-        // observing route forwards the request as a plain route would.
-        if let (Mode::Enforce, Some(name), Some(attempt)) = (mode, policy.attempt_header.as_ref(), claimed.attempt()) {
-            request.headers_mut().insert(name.clone(), HeaderValue::from(attempt));
-        }
-        // The upstream gets this span as its parent (`traceparent`).
-        let upstream_span = span.as_ref().map(|s| s.upstream(request.headers_mut()));
-        let keeper = Keeper::new(&route, &rt.store, claimed);
-        let work = std::pin::pin!(async {
-            tokio::select! {
-                ended = call(mode, &route.upstream, request, policy.max_stored_body) => ended,
-                () = abandon.cancelled() => Ended::Abandoned,
+        async move {
+            let _slots = _slots;
+            let (policy, abandon, mode) = (&*route.policy, &rt.abandon, route.policy.mode);
+            let _running = GaugeHold::new(&rt.metrics.exchanges_running);
+            // The attempt is the gateway's word; whatever a client sent under that name is gone
+            // (identify removed it), and an unconfirmed claim has no attempt number to give. An
+            // observing route forwards the request as a plain route would.
+            if let (Mode::Enforce, Some(name), Some(attempt)) =
+                (mode, policy.attempt_header.as_ref(), claimed.attempt())
+            {
+                request.headers_mut().insert(name.clone(), HeaderValue::from(attempt));
             }
-        });
-        let started = Instant::now();
-        let ended = keeper.renewing(work).await;
-        let upstream_done = Instant::now();
-        if let Some(upstream_span) = upstream_span {
-            ended.trace(upstream_span);
-        }
-        let settle_span = span.as_ref().map(|s| s.child("settle"));
-        let upstream = upstream_done - started;
-        route.metrics.upstream_latency(ended.class(), upstream);
-        // Answers the client, once: what it waited for the store is store time.
-        let mut client = Some(client);
-        let mut answer = |reply: Reply| {
-            if let Some(client) = client.take() {
-                let _ = client.send((reply, Report { upstream, store: upstream_done.elapsed() }));
-            }
-        };
-        // What the client waits for a store write, at most, before it is answered: enforcing,
-        // the write (so that its retry finds it); observing, as a plain route makes it wait
-        // for none, a store call's time (a store that is down must not hold answers for a
-        // whole lease).
-        let cap = (mode == Mode::Observe).then(|| rt.store.call_timeout().max(Duration::from_secs(1)));
-        let held = match outcome::plan(mode, ended, &policy.store_statuses) {
-            Plan::Keep(parts, body) => {
-                let stored = StoredResponse {
-                    status: parts.status,
-                    headers: headers::storable(&parts.headers, &policy.stored_headers),
-                    body: body.clone(),
-                };
-                // Settled before the client hears the answer, so that its retry finds it. If the
-                // store fails, the client is answered anyway and settling goes on behind it:
-                // until then the key is in progress, and retries wait for it.
-                match keeper.first_try(Final::Response(&stored)).await {
-                    Ok(settled) => {
-                        let lost = keeper.logged("settle", Ok(settled));
-                        answer(Ok(reply::first(parts, body::payload(body), lost)));
+            // The upstream gets this span as its parent (`traceparent`).
+            let upstream_span = span.as_ref().map(|s| s.upstream(request.headers_mut()));
+            let keeper = Keeper::new(&route, &rt.store, claimed);
+            let started = Instant::now();
+            // In a block of its own: the call's state is gone once it has ended, and its place in
+            // this future is free for what settles.
+            let ended = {
+                let work = std::pin::pin!(async {
+                    tokio::select! {
+                        ended = call(mode, &route.upstream, request, policy.max_stored_body) => ended,
+                        () = abandon.cancelled() => Ended::Abandoned,
                     }
-                    Err(e) => {
-                        tracing::debug!(route = %route.name, error = %e, "settle failed; answering first, then retrying");
-                        answer(Ok(reply::first(parts, body::payload(body), false)));
-                        keeper.finish(Final::Response(&stored), 1).await;
+                });
+                keeper.renewing(work).await
+            };
+            let upstream_done = Instant::now();
+            if let Some(upstream_span) = upstream_span {
+                ended.trace(upstream_span);
+            }
+            let settle_span = span.as_ref().map(|s| s.child("settle"));
+            let upstream = upstream_done - started;
+            route.metrics.upstream_latency(ended.class(), upstream);
+            // Answers the client, once: what it waited for the store is store time.
+            let mut client = Some(client);
+            let mut answer = |reply: Reply| {
+                if let Some(client) = client.take() {
+                    let _ = client.send((reply, Report { upstream, store: upstream_done.elapsed() }));
+                }
+            };
+            // What the client waits for a store write, at most, before it is answered: enforcing,
+            // the write (so that its retry finds it); observing, as a plain route makes it wait
+            // for none, a store call's time (a store that is down must not hold answers for a
+            // whole lease).
+            let cap = (mode == Mode::Observe).then(|| rt.store.call_timeout().max(Duration::from_secs(1)));
+            let held = match outcome::plan(mode, ended, &policy.store_statuses) {
+                Plan::Keep(parts, body) => {
+                    let stored = StoredResponse {
+                        status: parts.status,
+                        headers: headers::storable(&parts.headers, &policy.stored_headers),
+                        body: body.clone(),
+                    };
+                    // Settled before the client hears the answer, so that its retry finds it. If the
+                    // store fails, the client is answered anyway and settling goes on behind it:
+                    // until then the key is in progress, and retries wait for it.
+                    match keeper.first_try(Final::Response(&stored)).await {
+                        Ok(settled) => {
+                            let lost = keeper.logged("settle", Ok(settled));
+                            answer(Ok(reply::first(parts, body::payload(body), lost)));
+                        }
+                        Err(e) => {
+                            tracing::debug!(route = %route.name, error = %e, "settle failed; answering first, then retrying");
+                            answer(Ok(reply::first(parts, body::payload(body), false)));
+                            keeper.finish(Final::Response(&stored), 1).await;
+                        }
                     }
+                    None
                 }
-                None
-            }
-            Plan::Stream(parts, tee, end, stored) => {
-                let head = StoredResponse {
-                    status: parts.status,
-                    headers: headers::storable(&parts.headers, &policy.stored_headers),
-                    body: Payload::default(),
-                };
-                // The client gets the stream now; the key is settled once it has ended.
-                // (Its settle span covers the stream, which the settle waits for.)
-                answer(Ok(reply::first(parts, body::boxed(tee), false)));
-                let end =
-                    stream_end(&keeper, mode, end, abandon, policy.max_stored_body, route.upstream.timeout()).await;
-                settle_streamed(&route, keeper, mode, end, stored, head, cap).await
-            }
-            Plan::Release { sent, reason, then } => {
-                if mode == Mode::Observe && reason == ReleaseReason::Unknown {
-                    route.metrics.observed(Would::UnknownOutcome);
+                Plan::Stream(parts, tee, end, stored) => {
+                    let head = StoredResponse {
+                        status: parts.status,
+                        headers: headers::storable(&parts.headers, &policy.stored_headers),
+                        body: Payload::default(),
+                    };
+                    // The client gets the stream now; the key is settled once it has ended.
+                    // (Its settle span covers the stream, which the settle waits for.)
+                    answer(Ok(reply::first(parts, body::boxed(tee), false)));
+                    let end =
+                        stream_end(&keeper, mode, end, abandon, policy.max_stored_body, route.upstream.timeout()).await;
+                    // Boxed: streamed answers are the rare ones, and this is the largest branch.
+                    Box::pin(settle_streamed(&route, keeper, mode, end, stored, head, cap)).await
                 }
-                let reply = match then {
-                    Then::Whole(parts, body) => Ok(reply::first(parts, body::payload(body), false)),
-                    Then::Streamed(parts, body) => Ok(reply::first(parts, body, false)),
-                    Then::Failed(e) => Err(e),
-                };
-                within(cap, keeper.release(sent, reason), || answer(reply)).await;
-                None
+                Plan::Release { sent, reason, then } => {
+                    if mode == Mode::Observe && reason == ReleaseReason::Unknown {
+                        route.metrics.observed(Would::UnknownOutcome);
+                    }
+                    let reply = match then {
+                        Then::Whole(parts, body) => Ok(reply::first(parts, body::payload(body), false)),
+                        Then::Streamed(parts, body) => Ok(reply::first(parts, body, false)),
+                        Then::Failed(e) => Err(e),
+                    };
+                    within(cap, keeper.release(sent, reason), || answer(reply)).await;
+                    None
+                }
+                Plan::Unknown { trusted_at_once, unanswered } => {
+                    // When a lookup's "not found" can be trusted (see `reconcile`): at once if the
+                    // upstream closed the connection itself; else not before it would have given up
+                    // on the request.
+                    let trusted_in = if trusted_at_once {
+                        Duration::ZERO
+                    } else {
+                        let release_after = policy.reconcile.as_ref().map_or(Duration::ZERO, |r| r.release_after);
+                        (started + route.upstream.timeout() + release_after).saturating_duration_since(Instant::now())
+                    };
+                    let done = keeper.unknown(trusted_in).await;
+                    answer(Err(outcome::refusal(unanswered, done, settling(&route))));
+                    held_by(done)
+                }
+            };
+            end_span(settle_span);
+            if let Some(trail) = trail {
+                trail.record(&rt, &route, held);
             }
-            Plan::Unknown { trusted_at_once, unanswered } => {
-                // When a lookup's "not found" can be trusted (see `reconcile`): at once if the
-                // upstream closed the connection itself; else not before it would have given up
-                // on the request.
-                let trusted_in = if trusted_at_once {
-                    Duration::ZERO
-                } else {
-                    let release_after = policy.reconcile.as_ref().map_or(Duration::ZERO, |r| r.release_after);
-                    (started + route.upstream.timeout() + release_after).saturating_duration_since(Instant::now())
-                };
-                let done = keeper.unknown(trusted_in).await;
-                answer(Err(outcome::refusal(unanswered, done, settling(&route))));
-                held_by(done)
-            }
-        };
-        end_span(settle_span);
-        if let Some(trail) = trail {
-            trail.record(&rt, &route, held);
         }
     }
 }
@@ -366,27 +378,45 @@ async fn read_on(
 /// Runs `write`, and `then` (which answers the client) once it is done, or after `cap` when
 /// there is one, whichever comes first: the write is made before the client hears (so that
 /// its retry finds it), and with a cap a slow store delays the answer by at most that much.
-async fn within<T>(cap: Option<Duration>, write: impl Future<Output = T>, then: impl FnOnce()) -> T {
-    let Some(cap) = cap else {
-        let out = write.await;
-        then();
-        return out;
-    };
-    let mut write = std::pin::pin!(write);
-    let mut then = Some(then);
-    let out = tokio::select! {
-        out = &mut write => out,
-        () = tokio::time::sleep(cap) => {
-            if let Some(then) = then.take() {
+///
+/// A future written out rather than an `async fn`: one would hold `write` twice (the argument
+/// and the copy it awaits), and every future above it, the exchange's included, is copied
+/// whole as it is made.
+fn within<T, W: Future<Output = T>, F: FnOnce()>(cap: Option<Duration>, write: W, then: F) -> Within<W, F> {
+    Within { write, cap: cap.map(tokio::time::sleep), then: Some(then) }
+}
+
+pin_project_lite::pin_project! {
+    /// See [`within`].
+    struct Within<W, F> {
+        #[pin]
+        write: W,
+        #[pin]
+        cap: Option<tokio::time::Sleep>,
+        then: Option<F>,
+    }
+}
+
+impl<W: Future, F: FnOnce()> Future for Within<W, F> {
+    type Output = W::Output;
+
+    fn poll(self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<W::Output> {
+        let mut this = self.project();
+        if let std::task::Poll::Ready(out) = this.write.poll(cx) {
+            if let Some(then) = this.then.take() {
                 then();
             }
-            write.await
+            return std::task::Poll::Ready(out);
         }
-    };
-    if let Some(then) = then.take() {
-        then();
+        let capped = this.cap.as_mut().as_pin_mut().is_some_and(|cap| cap.poll(cx).is_ready());
+        if capped {
+            this.cap.set(None);
+            if let Some(then) = this.then.take() {
+                then();
+            }
+        }
+        std::task::Poll::Pending
     }
-    out
 }
 
 /// How the key of an exchange that lost its answer gets settled. On a route that reconciles,
