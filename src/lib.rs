@@ -31,8 +31,9 @@
 //! - [`error`]: every error, and the one table that says how each is answered, counted and
 //!   logged;
 //! - [`telemetry`]: traces exported over OTLP, W3C trace context to the upstream;
-//! - [`store`]: the state of every key, as four narrow roles (the key's lifecycle, lookups,
-//!   an operator's calls, the quota), on Redis with Lua or in memory;
+//! - [`store`]: the state of every key, as six narrow roles (the key's lifecycle, lookups,
+//!   records, the index of held records, an operator's calls, the quota), each handed out by
+//!   the runtime to who holds it, on Redis with Lua or in memory;
 //! - [`publish`]: the idempotency policy of every route, as Markdown and JSON;
 //! - [`upstream`]: pooled http/https clients over one or several instances: balancing, passive
 //!   health and ejection, dials bounded by the request's deadline, addresses looked up again,

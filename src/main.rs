@@ -298,7 +298,7 @@ fn serve(path: &std::path::Path, log_format: Option<LogFormat>) -> ExitCode {
             }
         };
         let admin = server.admin_addr().map_or_else(|| "none".to_owned(), |a| a.to_string());
-        let store = server.gateway().runtime().store.describe();
+        let store = server.gateway().runtime().backend().describe();
         tracing::info!(listen = %server.local_addr(), %admin, %store, "idemgate serving");
         // One machine-readable line on stdout: scripts that start the gateway on port 0 read
         // the addresses it got from here instead of guessing a free port beforehand.

@@ -20,14 +20,15 @@ use crate::policy::IdempotencyPolicy;
 use crate::policy::errors::ErrorShape;
 use crate::policy::key::IdempotencyKey;
 use crate::policy::scope::Scope;
-use crate::store::{Backend, RecordKey};
+use crate::store::{Backend, Index, Lifecycle, Lookups, Operator, Quota, RecordKey, Records};
 use crate::telemetry::Telemetry;
 use crate::upstream::Upstream;
 
 /// The handle shared by every request, every exchange and every reloaded gateway.
 pub struct Runtime {
-    /// The record store.
-    pub store: Arc<Backend>,
+    /// The record store, handed out by role (see the accessors): the request path holds the
+    /// key's lifecycle, lookups, records, the index and the quota, never the operator's role.
+    store: Arc<Backend>,
     /// The metrics registry.
     pub metrics: Arc<Metrics>,
     /// Detached upstream exchanges, so that shutdown can wait for them.
@@ -73,6 +74,58 @@ impl Runtime {
     /// Prefix of the store's key names.
     pub fn key_prefix(&self) -> &str {
         &self.key_prefix
+    }
+
+    /// The key's life in the store: claim, renew, settle, release, watch.
+    pub fn lifecycle(&self) -> &(impl Lifecycle + use<>) {
+        &*self.store
+    }
+
+    /// The key's lifecycle, for a task that outlives the request (a background release).
+    pub fn lifecycle_owned(&self) -> Arc<impl Lifecycle + use<>> {
+        Arc::clone(&self.store)
+    }
+
+    /// Lookups of unknown outcomes.
+    pub fn lookups(&self) -> &(impl Lookups + use<>) {
+        &*self.store
+    }
+
+    /// Records, read as the store holds them.
+    pub fn records(&self) -> &(impl Records + use<>) {
+        &*self.store
+    }
+
+    /// The index of the records that need an operator.
+    pub fn index(&self) -> &(impl Index + use<>) {
+        &*self.store
+    }
+
+    /// The index, for a task that outlives the request.
+    pub fn index_owned(&self) -> Arc<impl Index + use<>> {
+        Arc::clone(&self.store)
+    }
+
+    /// The budgets of new keys.
+    pub fn quota(&self) -> &(impl Quota + use<>) {
+        &*self.store
+    }
+
+    /// What only an operator does to a record (the admin API's role).
+    pub fn operator(&self) -> &(impl Operator + use<>) {
+        &*self.store
+    }
+
+    /// The longest one store call may take (`store.timeout`; nothing for the memory store):
+    /// a call sent now may be applied that much later.
+    pub fn store_call_timeout(&self) -> Duration {
+        self.store.call_timeout()
+    }
+
+    /// The store as configured, for the server's wiring: where it is, whether it answers,
+    /// its settings and its latency metrics. Not for the request path, which holds roles.
+    pub fn backend(&self) -> &Backend {
+        &self.store
     }
 }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use http::{HeaderMap, HeaderValue, Method};
 use idemgate::policy::fingerprint::Fingerprint;
-use idemgate::store::{Claim, EntryState, Lifecycle, Operator, OwnerToken, RecordKey, Terms};
+use idemgate::store::{Claim, EntryState, Lifecycle, OwnerToken, RecordKey, Records, Terms};
 use support::client::{Client, DEFAULT_AUTH, Reply};
 use support::gateway::{StoreKind, TestGateway, config};
 use support::gateway_proc::Toml;
@@ -136,7 +136,7 @@ async fn bodies_over_the_limit_are_413_before_anything_is_claimed(store: StoreKi
     let r = raw_chunked_post(gw.addr, "/orders", "big2", big.as_bytes()).await;
     assert!(r.starts_with("HTTP/1.1 413"), "{r}");
     assert_eq!(upstream.executions(), 0);
-    assert_eq!(gw.gateway.runtime().store.get(&record_key(&gw, "big")).await.unwrap(), None, "nothing claimed");
+    assert_eq!(gw.gateway.runtime().records().get(&record_key(&gw, "big")).await.unwrap(), None, "nothing claimed");
     // The limit is inclusive of bodies that fit.
     let r = client.post_json("/orders", Some("small"), r#"{"sku":"x"}"#).await;
     assert_eq!(r.status, 201);
@@ -194,7 +194,7 @@ async fn client_disconnect_mid_flight_still_stores_the_result(store: StoreKind) 
 
     // The exchange finishes without its client and stores the answer.
     wait_for(|| async {
-        let entry = gw.gateway.runtime().store.get(&record_key(&gw, "\"gone\"")).await;
+        let entry = gw.gateway.runtime().records().get(&record_key(&gw, "\"gone\"")).await;
         matches!(entry, Ok(Some(e)) if matches!(e.state, EntryState::Completed { .. }))
     })
     .await;
@@ -209,7 +209,7 @@ async fn server_errors_release_the_key_and_the_retry_runs_again(store: StoreKind
     let (upstream, gw, client) = setup(&store, "", behavior).await;
     let r = client.post_json("/orders", Some("flaky"), ORDER).await;
     assert_eq!(r.status, 503, "the upstream's own 5xx is passed through");
-    let entry = gw.gateway.runtime().store.get(&record_key(&gw, "flaky")).await.unwrap().unwrap();
+    let entry = gw.gateway.runtime().records().get(&record_key(&gw, "flaky")).await.unwrap().unwrap();
     assert_eq!((entry.state, entry.attempt), (EntryState::Released, 1), "released, keeping the attempt");
     let r = client.post_json("/orders", Some("flaky"), ORDER).await;
     assert_eq!(r.status, 500);
@@ -271,7 +271,7 @@ async fn crashed_owner_is_taken_over_after_its_lease(store: StoreKind) {
     let claim = gw
         .gateway
         .runtime()
-        .store
+        .lifecycle()
         .claim(
             &key,
             &body_fp,
@@ -290,7 +290,7 @@ async fn crashed_owner_is_taken_over_after_its_lease(store: StoreKind) {
     assert!(!r.is_replay());
     assert!(started.elapsed() < Duration::from_secs(3), "taken over at lease expiry, not after the whole wait");
     assert_eq!(upstream.executions(), 1);
-    let entry = gw.gateway.runtime().store.get(&key).await.unwrap().unwrap();
+    let entry = gw.gateway.runtime().records().get(&key).await.unwrap().unwrap();
     assert!(matches!(entry.state, EntryState::Completed { .. }) && entry.attempt == 2, "{entry:?}");
     assert_eq!(upstream.seen()[0].headers["idempotency-attempt"], "2", "the takeover is announced as attempt 2");
 }
@@ -465,7 +465,7 @@ async fn oversized_responses_are_delivered_and_recorded_as_executed(store: Store
     assert!(r.body.len() > 4000, "the whole body reached the client");
     assert_eq!(r.json()["padding"].as_str().unwrap().len(), 4000);
     wait_for(|| async {
-        let entry = gw.gateway.runtime().store.get(&record_key(&gw, "huge")).await.unwrap();
+        let entry = gw.gateway.runtime().records().get(&record_key(&gw, "huge")).await.unwrap();
         matches!(entry, Some(e) if e.state == EntryState::Executed { status: 201 })
     })
     .await;
@@ -484,7 +484,7 @@ async fn upstream_timeout_is_504_and_holds_the_key_as_unknown(store: StoreKind) 
     let r = client.post_json("/orders", Some("slowpoke"), ORDER).await;
     assert_eq!(r.status, 504);
     assert_eq!(r.problem(), "outcome-unknown");
-    let entry = gw.gateway.runtime().store.get(&record_key(&gw, "slowpoke")).await.unwrap().unwrap();
+    let entry = gw.gateway.runtime().records().get(&record_key(&gw, "slowpoke")).await.unwrap().unwrap();
     assert!(matches!(entry.state, EntryState::Unknown { lookup: None, .. }), "{entry:?}");
     // The upstream may well have acted on it: the retry is refused, nothing is forwarded.
     let retry = client.post_json("/orders", Some("slowpoke"), ORDER).await;
@@ -497,7 +497,7 @@ async fn upstream_timeout_on_a_release_route_lets_the_retry_run(store: StoreKind
     let (upstream, gw, client) = setup(&store, r#"on_unknown_outcome = "release""#, slow(3500)).await;
     let r = client.post_json("/orders", Some("slowpoke"), ORDER).await;
     assert_eq!((r.status.as_u16(), r.problem().as_str()), (504, "upstream-timeout"));
-    let entry = gw.gateway.runtime().store.get(&record_key(&gw, "slowpoke")).await.unwrap().unwrap();
+    let entry = gw.gateway.runtime().records().get(&record_key(&gw, "slowpoke")).await.unwrap().unwrap();
     assert_eq!((entry.state, entry.attempt), (EntryState::Released, 1));
     upstream.set(|b| b.delay = Duration::ZERO);
     let retry = client.post_json("/orders", Some("slowpoke"), ORDER).await;
@@ -806,7 +806,7 @@ async fn unreachable_upstream_is_502_and_releases() {
     let r = gw.client().post_json("/orders", Some("nowhere"), ORDER).await;
     assert_eq!(r.status, 502);
     assert_eq!(r.problem(), "upstream-unavailable");
-    assert_eq!(gw.gateway.runtime().store.get(&record_key(&gw, "nowhere")).await.unwrap(), None);
+    assert_eq!(gw.gateway.runtime().records().get(&record_key(&gw, "nowhere")).await.unwrap(), None);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,7 +4,11 @@
 //! - every file of `src/` has at most 450 lines before its tests;
 //! - no module uses one on its own layer or above, as the table of layers in
 //!   docs/architecture.md draws them;
-//! - no store role (a `pub trait` under `src/store/`) has more than 8 methods.
+//! - no store role (a `pub trait` under `src/store/`) has more than 8 methods;
+//! - the request path (`src/idempotent/`) holds the store's roles, never the whole backend
+//!   nor the operator's role;
+//! - inside `src/store/`, no file imports the facade above it (`store/mod.rs`, and each
+//!   engine's `mod.rs`): the store's parts import one another by their own names.
 //!
 //! They read the source tree as text, as a reader would: nothing is built or run. Comments and
 //! the insides of string and character literals are blanked first ([`code`]), so that what is
@@ -104,6 +108,88 @@ fn no_store_role_has_more_than_8_methods() {
     );
 }
 
+#[test]
+fn the_request_path_holds_store_roles_not_the_backend() {
+    // Words that would mean the request path reaches past its roles: the backend itself, the
+    // operator's role, or the runtime's handle for the server's wiring.
+    const FORBIDDEN: &[&str] = &["Backend", "Operator", ".backend()", ".operator()", "Engine"];
+    let files = rust_files(&src().join("idempotent"));
+    assert!(!files.is_empty(), "no file read under src/idempotent/: the scan reads nothing");
+    let mut found = Vec::new();
+    for file in files {
+        let code = code(&read_to_string(&file));
+        for (n, line) in code.lines().enumerate() {
+            for word in FORBIDDEN {
+                let hit = line.match_indices(word).any(|(at, _)| {
+                    let before = line[..at].chars().next_back();
+                    let after = line[at + word.len()..].chars().next();
+                    let ident = |c: Option<char>| c.is_some_and(|c| c.is_alphanumeric() || c == '_');
+                    word.starts_with('.') || (!ident(before) && !ident(after))
+                });
+                if hit {
+                    found.push(format!("{}:{}: {}", shown(&file), n + 1, line.trim()));
+                }
+            }
+        }
+    }
+    assert!(found.is_empty(), "the request path names what it should not hold:\n  {}", found.join("\n  "));
+}
+
+#[test]
+fn no_file_of_the_store_imports_a_facade_above_it() {
+    let store = src().join("store");
+    let mut found = Vec::new();
+    for file in rust_files(&store) {
+        let code = code(&read_to_string(&file));
+        let depth = file.strip_prefix(&store).map_or(0, |p| p.components().count());
+        for (n, line) in code.lines().enumerate() {
+            let line = line.trim();
+            // `super::` from a file of `store/` names store/mod.rs when the file sits right
+            // under it (one component below), and an engine's mod.rs from its own files; a
+            // path that goes on to a module of its own (`super::lifecycle::Lease`) is not the
+            // facade. `crate::store::Name` (a name straight from the facade) is too.
+            let up = |rest: &str| names_from_facade(rest);
+            let via_super =
+                line.strip_prefix("use super::").is_some_and(|rest| up(rest) && !line.contains("use super::*"));
+            let via_crate = line.strip_prefix("use crate::store::").is_some_and(up);
+            let in_mod = file.file_name().is_some_and(|f| f == "mod.rs");
+            if (via_super || via_crate) && !in_mod && depth >= 1 && !line.starts_with("use super::*") {
+                found.push(format!("{}:{}: {line}", shown(&file), n + 1));
+            }
+        }
+    }
+    assert!(found.is_empty(), "files of src/store/ that import a facade:\n  {}", found.join("\n  "));
+}
+
+/// Whether the rest of a `use super::` or `use crate::store::` line takes a name straight
+/// from the module it starts at (`Lease`, `{Lease, lifecycle::Final}`), rather than only
+/// going on into its modules (`lifecycle::Lease`, `{epoch, notify}`).
+fn names_from_facade(rest: &str) -> bool {
+    let name = |item: &str| {
+        let item = item.trim();
+        !item.contains("::") && (item.chars().next().is_some_and(char::is_uppercase) || item == "self")
+    };
+    match rest.strip_prefix('{') {
+        None => name(rest.trim_end_matches(';')),
+        Some(inner) => {
+            let (mut depth, mut start, mut any) = (0usize, 0usize, false);
+            let inner = inner.trim_end_matches(';').trim_end_matches('}');
+            for (at, c) in inner.char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' => depth = depth.saturating_sub(1),
+                    ',' if depth == 0 => {
+                        any |= name(&inner[start..at]);
+                        start = at + 1;
+                    }
+                    _ => {}
+                }
+            }
+            any || name(&inner[start..])
+        }
+    }
+}
+
 /// The readers below, on what each must tell apart.
 #[test]
 fn the_scan_reads_what_the_compiler_reads() {
@@ -149,6 +235,10 @@ pub trait Plain: Send {
 }
 "#;
     assert_eq!(traits(&code(roles)), [("Small".to_owned(), 2), ("Plain".to_owned(), 2)]);
+    assert!(names_from_facade("Lease;") && names_from_facade("{Lease, lifecycle::Final};"));
+    assert!(names_from_facade("{epoch, Links};") && names_from_facade("{self, x};"));
+    assert!(!names_from_facade("lifecycle::Lease;") && !names_from_facade("{epoch, notify};"));
+    assert!(!names_from_facade("{links::{Links, Opened}, round_trip::Reply};"));
 
     assert_eq!(
         lines_before_tests("a\nb\n#[cfg(test)]\nfn helper() {}\nc\n#[cfg(test)]\n#[allow(x)]\nmod tests {}\n"),

@@ -14,9 +14,9 @@ use http::{HeaderMap, HeaderValue, StatusCode};
 use idemgate::policy::fingerprint::Fingerprint;
 use idemgate::policy::scope::{self, MissingScope, ScopeSource};
 use idemgate::store::{
-    Backend, Claim, Cursor, EntryState, Final, IndexEntry, IndexKey, Lease, Lifecycle, Lookup, LookupEnd, LookupEnded,
-    Lookups, MemoryStore, Operator, OwnerToken, Purged, Quota, QuotaKey, RecordKey, RedisStore, Renewal, Resolved,
-    Sent, Settled, State, StoredResponse, Terms,
+    Backend, Claim, Cursor, EntryState, Final, Granted, Index, IndexEntry, IndexKey, Lifecycle, Lookup, LookupEnd,
+    LookupEnded, Lookups, MemoryStore, Operator, OwnerToken, Purged, Quota, QuotaKey, RecordKey, Records, RedisStore,
+    Renewal, Resolved, Sent, Settled, State, StoredResponse, Terms,
 };
 use support::cluster::RedisCluster;
 use support::redis::RedisServer;
@@ -42,12 +42,7 @@ fn response(body: &'static [u8]) -> StoredResponse {
     StoredResponse { status: StatusCode::CREATED, headers, body: Bytes::from_static(body).into() }
 }
 
-async fn acquire(
-    store: &Backend,
-    key: &RecordKey,
-    fingerprint: Fingerprint,
-    lease: Duration,
-) -> idemgate::store::Lease {
+async fn acquire(store: &Backend, key: &RecordKey, fingerprint: Fingerprint, lease: Duration) -> Granted {
     match store.claim(key, &fingerprint, OwnerToken::generate(), Terms { lease, ttl: TTL }).await.unwrap() {
         Claim::Acquired(lease) => lease,
         other => panic!("expected Acquired, got {other:?}"),
@@ -58,17 +53,17 @@ async fn claim(store: &Backend, key: &RecordKey, fingerprint: Fingerprint) -> Cl
     store.claim(key, &fingerprint, OwnerToken::generate(), Terms { lease: LEASE, ttl: TTL }).await.unwrap()
 }
 
-async fn complete(store: &Backend, lease: Lease, response: &StoredResponse, retention: Duration) -> Settled {
+async fn complete(store: &Backend, lease: Granted, response: &StoredResponse, retention: Duration) -> Settled {
     store.settle(&lease, Final::Response(response), retention).await.unwrap()
 }
 
-async fn release(store: &Backend, lease: Lease, sent: Sent) -> Settled {
-    let (key, owner, ttl) = lease.into_release();
+async fn release(store: &Backend, lease: Granted, sent: Sent) -> Settled {
+    let (key, owner, ttl) = lease.into_lease().into_release();
     store.release(&key, owner, sent, ttl).await.unwrap()
 }
 
 /// A claim whose short lease passed, and the claim that took it over.
-async fn taken_over(store: &Backend, key: &RecordKey) -> (Lease, Lease) {
+async fn taken_over(store: &Backend, key: &RecordKey) -> (Granted, Granted) {
     let stale = acquire(store, key, fp(1), Duration::from_millis(100)).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     (stale, acquire(store, key, fp(1), LEASE).await)

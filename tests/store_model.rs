@@ -34,8 +34,8 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use idemgate::policy::fingerprint::Fingerprint;
 use idemgate::store::{
-    Claim, EntryState, Final, Lease, Lifecycle, MemoryStore, Operator, OwnerToken, Purged, RecordKey, RedisStore,
-    Renewal, Sent, Settled, State, StoredResponse, Terms,
+    Claim, EntryState, Final, Granted, Lifecycle, MemoryStore, Operator, OwnerToken, Purged, RecordKey, Records,
+    RedisStore, Renewal, Sent, Settled, State, StoredResponse, Terms,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};
@@ -686,12 +686,12 @@ fn head(r: &StoredResponse) -> StoredResponse {
 struct Held {
     key: usize,
     owner: u64,
-    lease: Lease,
+    lease: Granted,
 }
 
 /// Runs `ops` against `store` and the model; fails at the first difference. Returns the
 /// model's outcomes.
-async fn run_case<S: Lifecycle + Operator>(
+async fn run_case<S: Lifecycle + Operator + Records>(
     store: &S,
     clock: &Clock<'_>,
     keys: &[RecordKey; KEYS],
@@ -814,7 +814,7 @@ async fn run_case<S: Lifecycle + Operator>(
             Op::Release { lease, sent } if !held.is_empty() => {
                 let Held { key, owner, lease } = held.remove(lease % held.len());
                 let expected = model.release(key, owner, sent, stats);
-                let (record, token, ttl) = lease.into_release();
+                let (record, token, ttl) = lease.into_lease().into_release();
                 let sent_as = if sent { Sent::Maybe } else { Sent::No };
                 let actual =
                     store.release(&record, token, sent_as, ttl).await.map_err(|e| store_error(i, &trace, e))?;
@@ -1145,7 +1145,7 @@ const EXAMPLE: &[(Op, Outcome)] = &[
     (Op::Release { lease: 0, sent: true }, Outcome::Lost),
 ];
 
-async fn run_example<S: Lifecycle + Operator>(store: &S, clock: &Clock<'_>, prefix: &str) {
+async fn run_example<S: Lifecycle + Operator + Records>(store: &S, clock: &Clock<'_>, prefix: &str) {
     let ops: Vec<Op> = EXAMPLE.iter().map(|(op, _)| *op).collect();
     let trace = match run_case(store, clock, &record_keys(prefix), &ops, &mut Stats::default()).await {
         Ok(trace) => trace,

@@ -105,7 +105,7 @@ pub async fn handle(
             if draining.is_cancelled() {
                 return text(StatusCode::SERVICE_UNAVAILABLE, "draining\n");
             }
-            match gw.runtime().store.ping().await {
+            match gw.runtime().backend().ping().await {
                 Ok(()) => {
                     let mut body = String::from("ready\n");
                     for line in store_findings(admin, gw).await {
@@ -192,7 +192,7 @@ async fn store_findings(admin: &Admin, gw: &Gateway) -> Vec<String> {
         }
     }
     let rt = gw.runtime();
-    let Some(settings) = rt.store.settings().await else { return Vec::new() };
+    let Some(settings) = rt.backend().settings().await else { return Vec::new() };
     rt.metrics.store_evicts_records.set(i64::from(settings.evicts()));
     let mut lines = vec![format!("store: {}", settings.summary())];
     for (severity, finding) in settings.findings() {

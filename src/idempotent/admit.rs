@@ -14,7 +14,7 @@ use crate::metrics::ReleaseReason;
 use crate::policy::Mode;
 use crate::policy::scope::Scope;
 use crate::runtime::{IdempotentRoute, Runtime};
-use crate::store::{Lease, Lifecycle, Quota, QuotaKey, Sent};
+use crate::store::{Granted, Lifecycle, Quota, QuotaKey, Sent};
 
 /// Whether a claimed request goes upstream.
 pub enum Admission {
@@ -66,9 +66,9 @@ pub async fn admit(s: &Session<'_>, ctx: &mut Ctx, claimed: Claimed) -> Admissio
     };
     // Never forwarded: its attempt number is given back.
     route.metrics.released(ReleaseReason::NotSent);
-    let (key, owner, ttl) = unadmitted.take().into_release();
+    let (key, owner, ttl) = unadmitted.take().into_lease().into_release();
     // Boxed: a refusal is the rare way out, and its release would weigh on every admission.
-    if let Err(e) = Box::pin(rt.store.release(&key, owner, Sent::No, ttl)).await {
+    if let Err(e) = Box::pin(rt.lifecycle().release(&key, owner, Sent::No, ttl)).await {
         tracing::debug!(key = key.short(), error = %e, "cannot release a claim that was not forwarded; it expires with its lease");
     }
     if observing { Admission::Throttled } else { Admission::Refused(refused) }
@@ -96,7 +96,7 @@ async fn new_key_budget(
         return None;
     }
     let budget = QuotaKey::new(rt.key_prefix(), &route.policy.identity.name, scope);
-    match rt.store.count_new_key(&budget, quota.window).await {
+    match rt.quota().count_new_key(&budget, quota.window).await {
         Ok((count, left)) if count > quota.count => Some(GatewayError::TooManyNewKeys { retry_after: left }),
         Ok(_) => None,
         Err(e) => {
@@ -112,17 +112,17 @@ async fn new_key_budget(
 /// never forwarded.
 struct Unadmitted<'a> {
     rt: &'a Runtime,
-    lease: Option<Lease>,
+    lease: Option<Granted>,
 }
 
 impl<'a> Unadmitted<'a> {
     /// Holds `lease` for the session.
-    fn new(rt: &'a Runtime, lease: Lease) -> Self {
+    fn new(rt: &'a Runtime, lease: Granted) -> Self {
         Self { rt, lease: Some(lease) }
     }
 
     /// Hands the lease on (to an exchange, or to an explicit release).
-    fn take(mut self) -> Lease {
+    fn take(mut self) -> Granted {
         self.lease.take().unwrap_or_else(|| unreachable!("an Unadmitted guard always holds its lease until take"))
     }
 }
@@ -130,7 +130,7 @@ impl<'a> Unadmitted<'a> {
 impl Drop for Unadmitted<'_> {
     fn drop(&mut self) {
         if let Some(lease) = self.lease.take() {
-            let (key, owner, ttl) = lease.into_release();
+            let (key, owner, ttl) = lease.into_lease().into_release();
             ghost::release_in_background(self.rt, key, owner, ttl);
         }
     }

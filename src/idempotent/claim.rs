@@ -131,7 +131,7 @@ async fn claim_or_wait(
     claimant: &mut Claimant,
     spent: &mut Spent,
 ) -> Result<Claim, StoreError> {
-    let (store, policy) = (&*rt.store, &*route.policy);
+    let (store, policy) = (rt.lifecycle(), &*route.policy);
     let (first, sent) = once(rt, route, claimant).await;
     let record = &claimant.record;
     let took = sent.elapsed();
@@ -148,7 +148,7 @@ async fn claim_or_wait(
     let taken_since = Instant::now();
     let mut deadline = taken_since + policy.wait;
     let mut store_while_waiting = Duration::ZERO;
-    let extension = store.call_timeout().max(Duration::from_secs(1));
+    let extension = rt.store_call_timeout().max(Duration::from_secs(1));
     // How long the holder has run, at least: the store keeps only its lease left, so the
     // bound is the time since its last renewal (`lease - lease_left`) at the first reply, plus
     // the time waited since. It errs towards a later `Retry-After`, never an earlier one.
@@ -225,7 +225,7 @@ async fn call(rt: &Runtime, route: &IdempotentRoute, claimant: &Claimant) -> (Re
     let (record, owner) = (&claimant.record, claimant.owner);
     let mut guard = Ghost { rt, record, owner, ttl: terms.ttl, armed: true };
     let started = Instant::now();
-    let claim = rt.store.claim(record, &claimant.fingerprint, owner, terms).await;
+    let claim = rt.lifecycle().claim(record, &claimant.fingerprint, owner, terms).await;
     guard.armed = false;
     (claim, started)
 }

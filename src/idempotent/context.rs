@@ -23,7 +23,7 @@ use crate::policy::fingerprint::Fingerprint;
 use crate::policy::key::IdempotencyKey;
 use crate::policy::scope::Scope;
 use crate::runtime::{IdempotentRoute, Runtime};
-use crate::store::{Lease, OwnerToken, RecordKey};
+use crate::store::{Granted, Lease, OwnerToken, RecordKey};
 
 /// One request on an idempotent route, as the phases borrow it.
 pub struct Session<'a> {
@@ -95,7 +95,7 @@ pub struct Claimant {
 #[derive(Debug)]
 pub enum Claimed {
     /// The store made it: the lease, with its attempt number.
-    Confirmed(Lease),
+    Confirmed(Granted),
     /// The claim call failed (a route that fails open, or one that observes): the claim may
     /// exist under this request's owner token (its reply was lost) or not at all. The
     /// exchange settles it if it does; it announces no attempt, and a lease found lost is no
@@ -107,14 +107,15 @@ impl Claimed {
     /// The lease, confirmed or not.
     pub fn lease(&self) -> &Lease {
         match self {
-            Self::Confirmed(lease) | Self::Unconfirmed(lease) => lease,
+            Self::Confirmed(granted) => granted,
+            Self::Unconfirmed(lease) => lease,
         }
     }
 
     /// The attempt the upstream is told: the store's count, when it confirmed the claim.
     pub fn attempt(&self) -> Option<u32> {
         match self {
-            Self::Confirmed(lease) => Some(lease.attempt()),
+            Self::Confirmed(granted) => Some(granted.attempt()),
             Self::Unconfirmed(_) => None,
         }
     }

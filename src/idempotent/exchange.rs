@@ -37,7 +37,7 @@ use crate::headers;
 use crate::metrics::{GaugeHold, Outcome, ReleaseReason, Would};
 use crate::policy::{Mode, UnknownOutcomePolicy};
 use crate::runtime::{IdempotentRoute, Runtime};
-use crate::store::{Final, Sent, State, StoredResponse};
+use crate::store::{Final, Lifecycle, Sent, State, StoredResponse};
 use crate::telemetry::{ChildSpan, RequestSpan};
 use crate::upstream::Upstream;
 
@@ -138,7 +138,7 @@ impl Exchange {
             }
             // The upstream gets this span as its parent (`traceparent`).
             let upstream_span = span.as_ref().map(|s| s.upstream(request.headers_mut()));
-            let keeper = Keeper::new(&route, &rt.store, claimed);
+            let keeper = Keeper::new(&route, rt.lifecycle(), claimed);
             let started = Instant::now();
             // In a block of its own: the call's state is gone once it has ended, and its place in
             // this future is free for what settles.
@@ -169,7 +169,7 @@ impl Exchange {
             // the write (so that its retry finds it); observing, as a plain route makes it wait
             // for none, a store call's time (a store that is down must not hold answers for a
             // whole lease).
-            let cap = (mode == Mode::Observe).then(|| rt.store.call_timeout().max(Duration::from_secs(1)));
+            let cap = (mode == Mode::Observe).then(|| rt.store_call_timeout().max(Duration::from_secs(1)));
             let held = match outcome::plan(mode, ended, &policy.store_statuses) {
                 Plan::Keep(parts, body) => {
                     let stored = StoredResponse {
@@ -248,7 +248,7 @@ impl Exchange {
 /// that left an observing route's answer early is read on (within the upstream's timeout), to
 /// settle with the whole answer.
 async fn stream_end(
-    keeper: &Keeper<'_>,
+    keeper: &Keeper<'_, impl Lifecycle>,
     mode: Mode,
     end: oneshot::Receiver<StreamEnd>,
     abandon: &tokio_util::sync::CancellationToken,
@@ -275,7 +275,7 @@ async fn stream_end(
 /// done (or after `cap`). The state the key is left in when it needs an operator.
 async fn settle_streamed(
     route: &IdempotentRoute,
-    keeper: Keeper<'_>,
+    keeper: Keeper<'_, impl Lifecycle>,
     mode: Mode,
     end: StreamEnd,
     stored: bool,

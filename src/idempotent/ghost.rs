@@ -19,7 +19,7 @@ const GHOST_RECHECK: Duration = Duration::from_secs(1);
 pub fn release_in_background(rt: &Runtime, record: RecordKey, owner: OwnerToken, ttl: Duration) {
     // Without a runtime (the process is exiting) the claim is left to its lease.
     let Ok(tasks) = tokio::runtime::Handle::try_current() else { return };
-    let store = std::sync::Arc::clone(&rt.store);
+    let store = rt.lifecycle_owned();
     rt.exchanges.spawn_on(
         async move {
             for attempt in 1..=GHOST_TRIES {

@@ -81,9 +81,8 @@ pub fn after_claim(s: &Session<'_>, claimant: &Claimant, tried: Tried) -> Next {
     let (route, policy) = (s.route, &*s.route.policy);
     let observing = policy.mode == Mode::Observe;
     let reconciles = policy.reconcile.is_some();
-    let unconfirmed = |sent| {
-        Claimed::Unconfirmed(Lease::unconfirmed(claimant.record.clone(), claimant.owner, claim::terms(policy), sent))
-    };
+    let unconfirmed =
+        |sent| Claimed::Unconfirmed(Lease::new(claimant.record.clone(), claimant.owner, claim::terms(policy), sent));
     let expected = |stored: StoredResponse, whole: bool| Expected {
         status: stored.status,
         body: whole.then(|| stored.body.to_bytes()),

@@ -56,7 +56,7 @@ use crate::policy::reconcile::Reconcile;
 use crate::policy::scope;
 use crate::runtime::{IdempotentRoute, Runtime};
 use crate::store::{
-    EntryState, IndexKey, Lifecycle, Lookup, LookupEnd, LookupEnded, Lookups, Operator, OwnerToken, RecordKey,
+    EntryState, Index, IndexKey, Lifecycle, Lookup, LookupEnd, LookupEnded, Lookups, OwnerToken, RecordKey, Records,
     StoredResponse, Watch,
 };
 use crate::upstream::UpstreamError;
@@ -174,10 +174,10 @@ async fn ask_on_retry(rt: &Arc<Runtime>, route: &Arc<IdempotentRoute>, question:
     let mut second_chance = true;
     let (token, sent) = loop {
         // Registered before the lookup is tried, so that the end of a running one wakes us.
-        let watch = rt.store.watch(&question.record);
+        let watch = rt.lifecycle().watch(&question.record);
         let token = OwnerToken::generate();
         let sent = Instant::now();
-        match rt.store.lookup(&question.record, &question.fingerprint, token, lease).await {
+        match rt.lookups().lookup(&question.record, &question.fingerprint, token, lease).await {
             Ok(Lookup::Moved) => return Asked::Changed,
             Ok(Lookup::Busy { left }) => {
                 match wait_for_lookup(rt, route, &question.record, watch, deadline, left).await {
@@ -242,8 +242,8 @@ async fn wait_for_lookup(
         // gateway died holds nothing once its lease has passed.
         watch.changed(deadline.min(lease_end)).await;
         // Registered before the read, so that an end between the two is not missed.
-        watch = rt.store.watch(record);
-        let state = match rt.store.get(record).await {
+        watch = rt.lifecycle().watch(record);
+        let state = match rt.records().get(record).await {
             Ok(entry) => entry.map(|e| e.state),
             Err(e) => {
                 route.metrics.store_error();
@@ -283,7 +283,7 @@ pub fn later(rt: &Arc<Runtime>, route: &Arc<IdempotentRoute>, question: Question
             }
             let token = OwnerToken::generate();
             let lease = lookup_lease(&rt, &route);
-            let started = rt.store.lookup(&question.record, &question.fingerprint, token, lease).await;
+            let started = rt.lookups().lookup(&question.record, &question.fingerprint, token, lease).await;
             pause = match started {
                 Ok(Lookup::Moved) => return,
                 // Another gateway is asking; look again once it must have finished.
@@ -301,7 +301,7 @@ pub fn later(rt: &Arc<Runtime>, route: &Arc<IdempotentRoute>, question: Question
 
 /// How long a lookup holds its key: its call, and a store call at each end.
 fn lookup_lease(rt: &Runtime, route: &IdempotentRoute) -> Duration {
-    route.upstream.timeout() + rt.store.call_timeout() * 2 + Duration::from_secs(1)
+    route.upstream.timeout() + rt.store_call_timeout() * 2 + Duration::from_secs(1)
 }
 
 /// What the upstream's lookup said.
@@ -326,7 +326,7 @@ async fn ask(
         Heard::Failed(_) => LookupEnd::Failed,
     };
     let (name, key) = (&route.name, question.record.short());
-    let ended = rt.store.end_lookup(&question.record, token, end).await;
+    let ended = rt.lookups().end_lookup(&question.record, token, end).await;
     let (result, asked) = match (heard, ended) {
         (Heard::Found(response), Ok(LookupEnded::Done)) => {
             tracing::info!(route = %name, key, status = response.status.as_u16(), "unknown outcome reconciled: the upstream had the answer");
@@ -359,7 +359,8 @@ async fn ask(
     route.metrics.reconciled(result);
     if matches!(result, Reconciliation::Found | Reconciliation::NotFound) {
         // Best effort: a stale entry is dropped when the index is read.
-        let _ = rt.store.unindex(&IndexKey::new(rt.key_prefix(), &route.policy.identity.name), &question.record).await;
+        let _ =
+            rt.index().unindex(&IndexKey::new(rt.key_prefix(), &route.policy.identity.name), &question.record).await;
     }
     asked
 }

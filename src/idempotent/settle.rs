@@ -39,13 +39,13 @@ use super::context::Claimed;
 use crate::metrics::ReleaseReason;
 use crate::policy::UnknownOutcomePolicy;
 use crate::runtime::IdempotentRoute;
-use crate::store::{Backend, Final, Lease, Lifecycle, Renewal, Sent, Settled, StoreError};
+use crate::store::{Final, Lease, Lifecycle, Renewal, Sent, Settled, StoreError};
 
 /// Keeps a claim until it ends: renews its lease while the call runs, then settles or
 /// releases it; the store calls, their logs and counters.
-pub struct Keeper<'a> {
+pub struct Keeper<'a, S> {
     route: &'a IdempotentRoute,
-    store: &'a Backend,
+    store: &'a S,
     /// The claim. An unconfirmed one (the claim call failed) that turns out lost was never
     /// made, and is not counted as a takeover.
     claimed: Claimed,
@@ -55,9 +55,9 @@ pub struct Keeper<'a> {
     lease_end: Mutex<Instant>,
 }
 
-impl<'a> Keeper<'a> {
+impl<'a, S: Lifecycle> Keeper<'a, S> {
     /// Keeping `claimed` on `route` in `store`.
-    pub fn new(route: &'a IdempotentRoute, store: &'a Backend, claimed: Claimed) -> Self {
+    pub fn new(route: &'a IdempotentRoute, store: &'a S, claimed: Claimed) -> Self {
         let lease = claimed.lease();
         let lease_end = Mutex::new(lease.sent() + lease.duration());
         Self { route, store, claimed, lease_end }

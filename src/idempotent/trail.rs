@@ -15,7 +15,7 @@ use crate::policy::Mode;
 use crate::policy::key::IdempotencyKey;
 use crate::policy::scope::Scope;
 use crate::runtime::{IdempotentRoute, Runtime};
-use crate::store::{IndexEntry, IndexKey, Operator, RecordKey, State};
+use crate::store::{Index, IndexEntry, IndexKey, RecordKey, State};
 
 /// What an enforcing exchange keeps of its request for a key that ends needing an operator:
 /// the index entry of an unknown or executed record, and the question a lookup asks.
@@ -66,7 +66,7 @@ impl Trail {
         let (rt2, route2) = (Arc::clone(rt), Arc::clone(route));
         tokio::spawn(async move {
             let index = IndexKey::new(rt2.key_prefix(), &route2.policy.identity.name);
-            if let Err(e) = rt2.store.index(&index, held, &entry, route2.policy.retention).await {
+            if let Err(e) = rt2.index().index(&index, held, &entry, route2.policy.retention).await {
                 tracing::debug!(route = %route2.name, key = record.short(), error = %e, "cannot index a record that needs an operator");
             }
         });

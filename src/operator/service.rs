@@ -8,7 +8,10 @@ use std::time::Duration;
 
 use super::wire;
 use crate::runtime::{IdempotentRoute, Runtime};
-use crate::store::{Cursor, IndexKey, Operator as _, Purged, RecordKey, Resolved, State, StoreError, StoredResponse};
+use crate::store::{
+    Cursor, Index as _, IndexKey, Operator as _, Purged, RecordKey, Records as _, Resolved, State, StoreError,
+    StoredResponse,
+};
 
 /// Why an operator's change was not made.
 #[derive(Debug)]
@@ -51,18 +54,18 @@ impl<'a> Keys<'a> {
 
     /// What the store holds for `record`.
     pub async fn inspect(&self, record: &RecordKey) -> Result<Option<wire::Record>, StoreError> {
-        Ok(self.rt.store.get(record).await?.as_ref().map(wire::Record::from))
+        Ok(self.rt.records().get(record).await?.as_ref().map(wire::Record::from))
     }
 
     /// Releases `record`, keeping its attempt count: a retry runs again. A key a running
     /// request holds is released only when `force`d.
     pub async fn release(&self, record: &RecordKey, force: bool) -> Result<wire::Released, Refusal> {
         let action = if force { "forced-release" } else { "release" };
-        match self.rt.store.purge(record, force).await {
+        match self.rt.operator().purge(record, force).await {
             Ok(Purged::Released { was }) => {
                 self.audit(action, record, Some(was), "released");
                 // Best effort: an entry left behind is dropped when next listed.
-                let _ = self.rt.store.unindex(&self.index, record).await;
+                let _ = self.rt.index().unindex(&self.index, record).await;
                 Ok(wire::Released { released: true, was: Some(was) })
             }
             Ok(Purged::Nothing) => {
@@ -83,10 +86,10 @@ impl<'a> Keys<'a> {
     /// Completes an unknown or executed `record` with the operator's `answer`, replayed to
     /// every retry for the route's retention.
     pub async fn resolve(&self, record: &RecordKey, answer: &StoredResponse) -> Result<wire::Resolved, Refusal> {
-        match self.rt.store.resolve(record, answer, self.route.policy.retention).await {
+        match self.rt.operator().resolve(record, answer, self.route.policy.retention).await {
             Ok(Resolved::Done { was }) => {
                 self.audit("resolve", record, Some(was), &format!("resolved with {}", answer.status.as_u16()));
-                let _ = self.rt.store.unindex(&self.index, record).await;
+                let _ = self.rt.index().unindex(&self.index, record).await;
                 Ok(wire::Resolved { resolved: true, was })
             }
             Ok(Resolved::Refused { state }) => {
@@ -110,15 +113,15 @@ impl<'a> Keys<'a> {
     /// first, from `cursor`. Each entry of the index is checked against its record (the index
     /// is best-effort): one that moved on is dropped from the index and not listed.
     pub async fn list(&self, held: State, cursor: Option<Cursor>, limit: usize) -> Result<wire::Page, StoreError> {
-        let store = &self.rt.store;
-        let page = store.list(&self.index, held, cursor, limit).await?;
+        let (index, store) = (self.rt.index(), self.rt.records());
+        let page = index.list(&self.index, held, cursor, limit).await?;
         let now = crate::store::unix_ms();
         let mut records = Vec::with_capacity(page.entries.len());
         for (entry, _score) in page.entries {
             let record = entry.record_key();
             let found = store.get(&record).await?;
             let Some(found) = found.filter(|found| found.state.state() == held) else {
-                let _ = store.unindex(&self.index, &record).await;
+                let _ = index.unindex(&self.index, &record).await;
                 continue;
             };
             records.push(wire::Listed {
@@ -137,7 +140,7 @@ impl<'a> Keys<'a> {
 
     /// How many of `route`'s records are unknown, as its index has them (for the gauge).
     pub async fn count_unknown(rt: &Runtime, route: &IdempotentRoute) -> Result<u64, StoreError> {
-        rt.store.count(&IndexKey::new(rt.key_prefix(), &route.policy.identity.name), State::Unknown).await
+        rt.index().count(&IndexKey::new(rt.key_prefix(), &route.policy.identity.name), State::Unknown).await
     }
 
     fn audit(&self, action: &'static str, record: &RecordKey, before: Option<State>, result: &str) {

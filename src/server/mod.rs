@@ -136,21 +136,21 @@ impl Server {
     pub fn warn_if_store_unreachable(&self) {
         let runtime = Arc::clone(self.live.gateway().runtime());
         tokio::spawn(async move {
-            if let Err(e) = runtime.store.ping().await {
+            if let Err(e) = runtime.backend().ping().await {
                 tracing::warn!(
-                    store = %runtime.store.describe(),
+                    store = %runtime.backend().describe(),
                     error = %e,
                     "the store does not answer; idempotent routes apply on_store_error until it does"
                 );
                 return;
             }
-            if let Some(settings) = runtime.store.settings().await {
+            if let Some(settings) = runtime.backend().settings().await {
                 runtime.metrics.store_evicts_records.set(i64::from(settings.evicts()));
-                tracing::info!(store = %runtime.store.describe(), settings = %settings.summary(), "store settings");
+                tracing::info!(store = %runtime.backend().describe(), settings = %settings.summary(), "store settings");
                 for (severity, finding) in settings.findings() {
                     match severity {
-                        Severity::Error => tracing::error!(store = %runtime.store.describe(), "store: {finding}"),
-                        Severity::Warning => tracing::warn!(store = %runtime.store.describe(), "store: {finding}"),
+                        Severity::Error => tracing::error!(store = %runtime.backend().describe(), "store: {finding}"),
+                        Severity::Warning => tracing::warn!(store = %runtime.backend().describe(), "store: {finding}"),
                     }
                 }
             }

@@ -11,7 +11,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use super::StoreError;
+use super::error::StoreError;
 
 /// The longest silence while the store stays down.
 pub const SUMMARY_EVERY: Duration = Duration::from_secs(10);

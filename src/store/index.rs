@@ -13,7 +13,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use super::{RecordKey, State};
+use super::names::RecordKey;
+use super::state::State;
 
 /// The name of one route's index (its keys share one Cluster hash slot).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]

@@ -2,34 +2,21 @@
 //! purged, and the index of held records, kept as Redis keeps it (per route, by state, in
 //! expiry order).
 
-use std::collections::{BTreeMap, HashMap};
 use std::sync::PoisonError;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Data, MemoryStore, Result};
-use crate::store::index::{expiry_score, live_start, unix_ms};
-use crate::store::{
-    Cursor, Entry, EntryState, IndexEntry, IndexKey, Operator, Page, Purged, RecordKey, Resolved, State, StoredResponse,
-};
+use super::engine::{Data, MemoryStore};
+use crate::store::entry::{Entry, EntryState, Purged, Resolved};
+use crate::store::error::Result;
+use crate::store::index::{Cursor, IndexEntry, IndexKey, Page, expiry_score, live_start, unix_ms};
+use crate::store::names::RecordKey;
+use crate::store::record::StoredResponse;
+use crate::store::roles::{Index, Operator, Records};
+use crate::store::state::State;
 
-/// One route's index: entries by (expiry score, record name), and each record's place.
-#[derive(Default)]
-pub(super) struct Index {
-    pub(super) order: BTreeMap<(State, u64, String), IndexEntry>,
-    pub(super) place: HashMap<String, (State, u64)>,
-}
-
-impl Index {
-    pub(super) fn remove(&mut self, record: &str) {
-        if let Some((held, score)) = self.place.remove(record) {
-            self.order.remove(&(held, score, record.to_owned()));
-        }
-    }
-}
-
-impl Operator for MemoryStore {
+impl Records for MemoryStore {
     async fn get(&self, key: &RecordKey) -> Result<Option<Entry>> {
         let now = Instant::now();
         let inner = self.lock();
@@ -39,7 +26,9 @@ impl Operator for MemoryStore {
             expires_in: slot.expires.0.saturating_duration_since(now),
         }))
     }
+}
 
+impl Operator for MemoryStore {
     async fn resolve(&self, key: &RecordKey, response: &StoredResponse, retention: Duration) -> Result<Resolved> {
         let now = Instant::now();
         let was = {
@@ -81,7 +70,9 @@ impl Operator for MemoryStore {
         self.waiters.notify(key.as_str());
         Ok(Purged::Released { was: released })
     }
+}
 
+impl Index for MemoryStore {
     async fn index(&self, index: &IndexKey, held: State, entry: &IndexEntry, expires_in: Duration) -> Result<()> {
         let mut indexes = self.indexes.lock().unwrap_or_else(PoisonError::into_inner);
         let now = unix_ms();

@@ -27,7 +27,7 @@ use prometheus_client::metrics::counter::Counter;
 use redis::Value;
 
 use super::links::{Links, unavailable};
-use crate::store::StoreError;
+use crate::store::error::StoreError;
 
 /// How often the epoch markers are checked.
 const EPOCH_CHECK: Duration = Duration::from_secs(1);

@@ -22,7 +22,9 @@
 use bytes::Bytes;
 
 use crate::policy::fingerprint::Fingerprint;
-use crate::store::{OwnerToken, State, StoreError};
+use crate::store::error::StoreError;
+use crate::store::names::OwnerToken;
+use crate::store::state::State;
 
 /// Bytes before the stored response.
 pub(super) const HEADER: usize = 73;

@@ -8,14 +8,18 @@ use std::time::Duration;
 use bytes::Bytes;
 use redis::{Cmd, RedisWrite, ToRedisArgs};
 
+use super::engine::{ASIDE_FROM, POLL_SUBSCRIBED, POLL_UNSUBSCRIBED, RedisStore, ms};
 use super::layout::{self, Record};
 use super::round_trip::{Reply, protocol};
-use super::{ASIDE_FROM, POLL_SUBSCRIBED, POLL_UNSUBSCRIBED, RedisStore, ms};
 use crate::policy::fingerprint::Fingerprint;
-use crate::store::{
-    Claim, Final, Lease, Lifecycle, Lookup, LookupEnd, LookupEnded, Lookups, OwnerToken, RecordKey, Renewal, Result,
-    Sent, Settled, State, StoreError, StoredResponse, Terms, Watch,
-};
+use crate::store::error::{Result, StoreError};
+use crate::store::lifecycle::{Claim, Final, Granted, Lease, Renewal, Sent, Settled, Terms};
+use crate::store::lookups::{Lookup, LookupEnd, LookupEnded};
+use crate::store::names::{OwnerToken, RecordKey};
+use crate::store::record::StoredResponse;
+use crate::store::roles::{Lifecycle, Lookups};
+use crate::store::state::State;
+use crate::store::waiters::Watch;
 
 impl RedisStore {
     /// Settles a claim whose response is large, without copying the response inside Redis.
@@ -54,8 +58,10 @@ impl RedisStore {
             pipe
         };
         let settle = &self.scripts.settle;
-        let (reply,): (i64,) =
-            self.query(pipe("EVALSHA", settle.script.get_hash()), Some(&|| pipe("EVAL", settle.code).into())).await?;
+        let (reply,): (i64,) = self
+            .transport
+            .query(pipe("EVALSHA", settle.script.get_hash()), Some(&|| pipe("EVAL", settle.code).into()))
+            .await?;
         settled(reply)
     }
 
@@ -69,6 +75,7 @@ impl RedisStore {
     ) -> Result<Settled> {
         let extra = response.map_or(0, StoredResponse::encoded_len);
         let reply = self
+            .transport
             .eval_sized(&self.scripts.settle, &[lease.key.as_str()], extra, |cmd| {
                 cmd.arg(&lease.owner.as_bytes()[..]).arg(&[state.letter()][..]);
                 match response {
@@ -94,9 +101,9 @@ impl Lifecycle for RedisStore {
         let mut set = redis::cmd("SET");
         set.arg(key.as_str()).arg(layout::claim(1, ttl_ms, lease_ms, fp, &owner));
         set.arg("NX").arg("GET").arg("PX").arg(ttl_ms);
-        let existing: Option<Vec<u8>> = self.query(set, None).await?;
+        let existing: Option<Vec<u8>> = self.transport.query(set, None).await?;
         let Some(existing) = existing else {
-            return Ok(Claim::Acquired(Lease::new(key.clone(), owner, 1, terms, sent)));
+            return Ok(Claim::Acquired(Granted::new(Lease::new(key.clone(), owner, terms, sent), 1)));
         };
         let record = Record::parse(Bytes::from(existing))?;
         // The same order as claim.lua: a tombstone is claimable whatever the request; then the
@@ -110,13 +117,16 @@ impl Lifecycle for RedisStore {
             State::InProgress => {}
         }
         let reply = self
+            .transport
             .eval(&self.scripts.claim, key.as_str(), |cmd| {
                 cmd.arg(&fp.as_bytes()[..]).arg(&owner.as_bytes()[..]).arg(lease_ms).arg(ttl_ms);
             })
             .await?;
         let mut items = Reply::array(reply)?;
         match items.tag()?.as_slice() {
-            b"acquired" => Ok(Claim::Acquired(Lease::new(key.clone(), owner, items.attempt()?, terms, sent))),
+            b"acquired" => {
+                Ok(Claim::Acquired(Granted::new(Lease::new(key.clone(), owner, terms, sent), items.attempt()?)))
+            }
             b"completed" => Ok(Claim::Completed(items.response()?)),
             b"executed" => Ok(Claim::Executed(items.response()?)),
             b"unknown" => Ok(Claim::Unknown { attempt: items.attempt()? }),
@@ -128,6 +138,7 @@ impl Lifecycle for RedisStore {
 
     async fn renew(&self, lease: &Lease) -> Result<Renewal> {
         let reply = self
+            .transport
             .eval(&self.scripts.renew, lease.key.as_str(), |cmd| {
                 cmd.arg(&lease.owner.as_bytes()[..])
                     .arg(ms(lease.terms.lease))
@@ -148,6 +159,7 @@ impl Lifecycle for RedisStore {
                 let trusted_ms = u64::try_from(trusted_in.as_millis()).unwrap_or(u64::MAX);
                 let tail = layout::unknown_tail(ms(retention), trusted_ms, &lease.owner);
                 let reply = self
+                    .transport
                     .eval(&self.scripts.settle, lease.key.as_str(), |cmd| {
                         cmd.arg(&lease.owner.as_bytes()[..])
                             .arg(&[state.letter()][..])
@@ -185,6 +197,7 @@ impl Lifecycle for RedisStore {
             Sent::No => "0",
         };
         let reply = self
+            .transport
             .eval(&self.scripts.release, key.as_str(), |cmd| {
                 cmd.arg(&owner.as_bytes()[..]).arg(sent).arg(ms(ttl)).arg(&self.channel);
             })
@@ -193,8 +206,8 @@ impl Lifecycle for RedisStore {
     }
 
     async fn ping(&self) -> Result<()> {
-        if !self.links.is_cluster() {
-            let _: String = self.query(redis::cmd("PING"), None).await?;
+        if !self.transport.links.is_cluster() {
+            let _: String = self.transport.query(redis::cmd("PING"), None).await?;
             return Ok(());
         }
         // A PING would go to every primary and fail while any one is down, although the
@@ -202,7 +215,7 @@ impl Lifecycle for RedisStore {
         // a Cluster is ready when one node says the cluster is.
         let mut cmd = redis::cmd("CLUSTER");
         cmd.arg("INFO");
-        let info: String = self.query(cmd, None).await?;
+        let info: String = self.transport.query(cmd, None).await?;
         match info.lines().any(|line| line.trim() == "cluster_state:ok") {
             true => Ok(()),
             false => Err(StoreError::Unavailable("the Redis Cluster reports cluster_state:fail".into())),
@@ -217,7 +230,7 @@ impl Lifecycle for RedisStore {
 
 impl Lookups for RedisStore {
     async fn lookup(&self, key: &RecordKey, fp: &Fingerprint, token: OwnerToken, lease: Duration) -> Result<Lookup> {
-        let reply = self.eval(&self.scripts.lookup, key.as_str(), |cmd| {
+        let reply = self.transport.eval(&self.scripts.lookup, key.as_str(), |cmd| {
             cmd.arg("begin").arg(&fp.as_bytes()[..]).arg(&token.as_bytes()[..]).arg(ms(lease));
         });
         let mut items = Reply::array(reply.await?)?;
@@ -231,7 +244,7 @@ impl Lookups for RedisStore {
 
     async fn end_lookup(&self, key: &RecordKey, token: OwnerToken, end: LookupEnd<'_>) -> Result<LookupEnded> {
         let token = &token.as_bytes()[..];
-        let reply = self.eval(&self.scripts.lookup, key.as_str(), |cmd| {
+        let reply = self.transport.eval(&self.scripts.lookup, key.as_str(), |cmd| {
             match end {
                 LookupEnd::Found { response, retention } => {
                     cmd.arg("found").arg(token).arg(Encoded(response)).arg(ms(retention))

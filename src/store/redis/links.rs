@@ -26,7 +26,7 @@ use tokio::sync::futures::Notified;
 use tokio::sync::{Notify, watch};
 
 use crate::config::{Address, Auth, RedisTarget as Target, RedisTls};
-use crate::store::StoreError;
+use crate::store::error::StoreError;
 
 /// One multiplexed connection.
 #[derive(Clone)]

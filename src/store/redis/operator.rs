@@ -5,19 +5,20 @@ use std::time::Duration;
 
 use redis::Value;
 
-use super::RedisStore;
+use super::engine::{RedisStore, ms};
 use super::lifecycle::Encoded;
-use super::ms;
 use super::round_trip::{Reply, protocol};
-use crate::store::index::{live_start, unix_ms};
-use crate::store::{
-    Cursor, Entry, EntryState, IndexEntry, IndexKey, Operator, Page, Purged, RecordKey, Resolved, Result, State,
-    StoredResponse,
-};
+use crate::store::entry::{Entry, EntryState, Purged, Resolved};
+use crate::store::error::Result;
+use crate::store::index::{Cursor, IndexEntry, IndexKey, Page, expiry_score, live_start, unix_ms};
+use crate::store::names::RecordKey;
+use crate::store::record::StoredResponse;
+use crate::store::roles::{Index, Operator, Records};
+use crate::store::state::State;
 
-impl Operator for RedisStore {
+impl Records for RedisStore {
     async fn get(&self, key: &RecordKey) -> Result<Option<Entry>> {
-        let mut items = Reply::array(self.eval(&self.scripts.inspect, key.as_str(), |_| {}).await?)?;
+        let mut items = Reply::array(self.transport.eval(&self.scripts.inspect, key.as_str(), |_| {}).await?)?;
         if items.is_empty() {
             return Ok(None);
         }
@@ -41,9 +42,11 @@ impl Operator for RedisStore {
         };
         Ok(Some(Entry { state, attempt, expires_in }))
     }
+}
 
+impl Operator for RedisStore {
     async fn resolve(&self, key: &RecordKey, response: &StoredResponse, retention: Duration) -> Result<Resolved> {
-        let reply = self.eval(&self.scripts.resolve, key.as_str(), |cmd| {
+        let reply = self.transport.eval(&self.scripts.resolve, key.as_str(), |cmd| {
             cmd.arg(Encoded(response)).arg(ms(retention)).arg(&self.channel);
         });
         let mut items = Reply::array(reply.await?)?;
@@ -56,7 +59,7 @@ impl Operator for RedisStore {
     }
 
     async fn purge(&self, key: &RecordKey, force: bool) -> Result<Purged> {
-        let reply = self.eval(&self.scripts.purge, key.as_str(), |cmd| {
+        let reply = self.transport.eval(&self.scripts.purge, key.as_str(), |cmd| {
             cmd.arg(&self.channel).arg(if force { "1" } else { "0" });
         });
         let mut items = Reply::array(reply.await?)?;
@@ -70,9 +73,11 @@ impl Operator for RedisStore {
             other => Err(protocol(&format!("unknown purge reply {:?}", String::from_utf8_lossy(other)))),
         }
     }
+}
 
+impl Index for RedisStore {
     async fn index(&self, index: &IndexKey, held: State, entry: &IndexEntry, expires_in: Duration) -> Result<()> {
-        let score = crate::store::index::expiry_score(expires_in);
+        let score = expiry_score(expires_in);
         let description = entry.encode();
         self.eval_index(index, |cmd| {
             cmd.arg("add").arg(&[held.letter()][..]).arg(&entry.record).arg(score).arg(&description).arg(unix_ms());
@@ -123,6 +128,16 @@ impl Operator for RedisStore {
             cmd.arg("count").arg(&[held.letter()][..]).arg(unix_ms());
         });
         u64::try_from(Reply::integer(reply.await?)?).map_err(|_| protocol("index count out of range"))
+    }
+}
+
+impl RedisStore {
+    /// Calls the index script on `index`'s keys (the two sets of held records and the
+    /// entries' data, in one hash slot); `args` appends its ARGV.
+    async fn eval_index(&self, index: &IndexKey, args: impl Fn(&mut redis::Cmd) + Sync) -> Result<Value> {
+        let keys = [index.set(State::Unknown), index.set(State::Executed), index.data()];
+        let keys = [keys[0].as_str(), keys[1].as_str(), keys[2].as_str()];
+        self.transport.eval_sized(&self.scripts.index, &keys, 0, args).await
     }
 }
 

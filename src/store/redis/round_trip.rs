@@ -6,7 +6,8 @@ use redis::aio::MultiplexedConnection;
 use redis::{Cmd, FromRedisValue, Value};
 
 use super::links::Link;
-use crate::store::{StoreError, StoredResponse};
+use crate::store::error::StoreError;
+use crate::store::record::StoredResponse;
 
 /// One command or a pipeline: what one round trip sends.
 pub(super) enum Request {

@@ -9,7 +9,7 @@
 
 use redis::Value;
 
-use super::RedisStore;
+use super::transport::Transport;
 
 /// Redis's settings that decide whether records last their retention.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -104,7 +104,7 @@ impl Settings {
 
 /// Reads the settings of the node the store reaches. Each part that Redis refuses (a managed
 /// service that disables `CONFIG`, an ACL) is left unknown; nothing here fails.
-pub(super) async fn read(store: &RedisStore) -> Settings {
+pub(super) async fn read(store: &Transport) -> Settings {
     let config = |name: &'static str| async move {
         let mut cmd = redis::cmd("CONFIG");
         cmd.arg("GET").arg(name);
