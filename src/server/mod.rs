@@ -134,23 +134,23 @@ impl Server {
     /// `allkeys-lru`, should hear of it now, not at the first lost record. In the background,
     /// so serving does not wait for it.
     pub fn warn_if_store_unreachable(&self) {
-        let runtime = Arc::clone(self.live.gateway().runtime());
+        let rt = Arc::clone(self.live.gateway().runtime());
         tokio::spawn(async move {
-            if let Err(e) = runtime.backend().ping().await {
+            if let Err(e) = rt.backend().ping().await {
                 tracing::warn!(
-                    store = %runtime.backend().describe(),
+                    store = %rt.backend().describe(),
                     error = %e,
                     "the store does not answer; idempotent routes apply on_store_error until it does"
                 );
                 return;
             }
-            if let Some(settings) = runtime.backend().settings().await {
-                runtime.metrics.store_evicts_records.set(i64::from(settings.evicts()));
-                tracing::info!(store = %runtime.backend().describe(), settings = %settings.summary(), "store settings");
+            if let Some(settings) = rt.backend().settings().await {
+                rt.metrics.store_evicts_records.set(i64::from(settings.evicts()));
+                tracing::info!(store = %rt.backend().describe(), settings = %settings.summary(), "store settings");
                 for (severity, finding) in settings.findings() {
                     match severity {
-                        Severity::Error => tracing::error!(store = %runtime.backend().describe(), "store: {finding}"),
-                        Severity::Warning => tracing::warn!(store = %runtime.backend().describe(), "store: {finding}"),
+                        Severity::Error => tracing::error!(store = %rt.backend().describe(), "store: {finding}"),
+                        Severity::Warning => tracing::warn!(store = %rt.backend().describe(), "store: {finding}"),
                     }
                 }
             }
@@ -221,23 +221,23 @@ impl Server {
         tracing::info!(grace = %crate::access::human(grace), "shutting down: draining connections and exchanges");
         connections.close();
         // Exchanges, store and abandon token are shared by every reloaded gateway.
-        let runtime = Arc::clone(live.gateway().runtime());
+        let rt = Arc::clone(live.gateway().runtime());
         let drain = connections.wait();
         tokio::pin!(drain);
         let drained = tokio::time::timeout_at(deadline, &mut drain).await.is_ok();
         // Exchanges whose clients went away are not tied to a connection: wait for them too.
-        runtime.exchanges.close();
-        let finished = drained && tokio::time::timeout_at(deadline, runtime.exchanges.wait()).await.is_ok();
+        rt.exchanges.close();
+        let finished = drained && tokio::time::timeout_at(deadline, rt.exchanges.wait()).await.is_ok();
         if !finished {
             tracing::warn!(
-                running = runtime.exchanges.len(),
+                running = rt.exchanges.len(),
                 "grace period over: abandoning exchanges; their keys are settled as unknown (or released, per route)"
             );
-            runtime.abandon.cancel();
+            rt.abandon.cancel();
             // Abandoned exchanges settle in a few store calls; bounded all the same, so that a
             // store that hangs cannot keep the process from exiting.
-            if tokio::time::timeout(ABANDON_SETTLE, runtime.exchanges.wait()).await.is_err() {
-                tracing::warn!(running = runtime.exchanges.len(), "exchanges still settling; exiting without them");
+            if tokio::time::timeout(ABANDON_SETTLE, rt.exchanges.wait()).await.is_err() {
+                tracing::warn!(running = rt.exchanges.len(), "exchanges still settling; exiting without them");
             }
             // Their clients, if still connected, get 503 shutting-down: let that reach them.
             if !drained && tokio::time::timeout(ABANDON_FLUSH, &mut drain).await.is_err() {
@@ -248,7 +248,7 @@ impl Server {
             task.abort();
         }
         // The spans of the last requests, before the process ends.
-        if let Some(telemetry) = &runtime.telemetry {
+        if let Some(telemetry) = &rt.telemetry {
             telemetry.shutdown().await;
         }
         tracing::info!("shutdown complete");
