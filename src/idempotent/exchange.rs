@@ -125,6 +125,8 @@ impl Exchange {
     fn run(self, client: oneshot::Sender<(Reply, Report)>) -> impl Future<Output = ()> + Send + 'static {
         let Self { rt, route, claimed: Keeping(claimed), _slots, mut request, trail, span } = self;
         async move {
+            // Named, so that the future takes the slots and holds them until it ends (an
+            // unnamed field would be dropped here, freeing the places while the call runs).
             let _slots = _slots;
             let (policy, abandon, mode) = (&*route.policy, &rt.abandon, route.policy.mode);
             let _running = GaugeHold::new(&rt.metrics.exchanges_running);
