@@ -106,6 +106,13 @@ impl Gateway {
         if let Some(redis) = store.redis() {
             metrics.register_store_data_loss(redis.data_loss_counter());
             metrics.register_store_commands(redis.commands_counter());
+            let replicas = redis.replica_metrics();
+            metrics.register_store_replicas(
+                replicas.acks,
+                replicas.seconds,
+                replicas.answers_unreplicated,
+                replicas.claims_unreplicated,
+            );
         }
         metrics.register_store_latency(store.call_latency());
         let telemetry = config.telemetry.as_ref().map(Telemetry::start).transpose()?;

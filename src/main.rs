@@ -207,6 +207,9 @@ fn check(path: &std::path::Path, running: Option<&std::path::Path>, json: bool) 
             );
         }
     }
+    if !replicas_suffice(path, &config) {
+        return ExitCode::FAILURE;
+    }
     if let Some(running) = running {
         return compare(running, path, &config, json);
     }
@@ -219,6 +222,63 @@ fn check(path: &std::path::Path, running: Option<&std::path::Path>, json: bool) 
         config.upstreams.len()
     );
     ExitCode::SUCCESS
+}
+
+/// With `[store] replica_acks`, asks the store how many replicas it has and how many
+/// acknowledge a write: fewer than asked is an error (every claim would be given back and its
+/// request refused); a store that cannot be asked is a warning (it may be down while the file
+/// is checked). False on the error.
+fn replicas_suffice(path: &std::path::Path, config: &Config) -> bool {
+    use idemgate::config::StoreBackendConfig;
+    let StoreBackendConfig::Redis { url, connections, tls, password, replicas } = &config.store.backend else {
+        return true;
+    };
+    if replicas.count == 0 {
+        return true;
+    }
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("{}: warning: store.replica_acks: cannot ask the store for its replicas: {e}", path.display());
+            return true;
+        }
+    };
+    let prefix = &config.store.key_prefix;
+    let asked = runtime.block_on(async {
+        let password = password.as_ref().map(|p| p.0.as_str());
+        let store = idemgate::store::RedisStore::open(url, tls, password, *connections, config.store.timeout, prefix)
+            .map_err(|e| e.to_string())?
+            .requiring(*replicas);
+        let deadline = config.store.timeout * 4 + replicas.timeout;
+        let settings = tokio::time::timeout(deadline, store.settings())
+            .await
+            .map_err(|_| format!("no answer within {deadline:?}"))?;
+        let acks = settings.acks.ok_or("no acknowledgement asked")?;
+        let acknowledged = acks.acknowledged?;
+        Ok::<_, String>((settings.replicas, acknowledged))
+    });
+    match asked {
+        Ok((connected, acknowledged)) if acknowledged < i64::from(replicas.count) => {
+            let connected = connected.map_or_else(|| "an unknown number of".to_owned(), |n| n.to_string());
+            eprintln!(
+                "{}: store.replica_acks: {} is more than the replicas that acknowledge a write within \
+                 replica_ack_timeout ({acknowledged}; {connected} connected to the primary): every claim would \
+                 be given back and its request refused (503)",
+                path.display(),
+                replicas.count
+            );
+            false
+        }
+        Ok(_) => true,
+        Err(why) => {
+            eprintln!(
+                "{}: warning: store.replica_acks: cannot count the store's replicas ({why}); the gateway asks \
+                 again at start and on /readyz",
+                path.display()
+            );
+            true
+        }
+    }
 }
 
 /// `check --running`: what changing from the running file to `path` does to the records in

@@ -33,6 +33,7 @@ mod reconcile;
 mod redis_tls;
 mod redis_tls_topologies;
 mod reload;
+mod replicas;
 mod store_contract;
 mod store_model;
 mod telemetry;

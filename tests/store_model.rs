@@ -405,6 +405,14 @@ impl Model {
         };
         if again {
             stats.settled_again += 1;
+            // The repeat is a write too: its retention starts again (so that replicas can be
+            // asked to acknowledge it).
+            if let Some(
+                Record::Completed { expires, .. } | Record::Executed { expires, .. } | Record::Unknown { expires, .. },
+            ) = &mut self.records[key]
+            {
+                *expires = now + RETENTION_MS;
+            }
             return Outcome::Done;
         }
         let Some(&mut Record::InProgress { fp, attempt, .. }) = self.owned(key, owner, stats) else {

@@ -23,6 +23,10 @@ pub const STORE_TIMEOUT: Duration = Duration::from_secs(1);
 /// split those batches (more syscalls on both ends) and add no parallelism to a Redis
 /// that runs commands on one thread.
 pub const CONNECTIONS: usize = 1;
+/// `[store] replica_ack_timeout`: long enough for a replica on the same network to
+/// acknowledge under load, short enough that a client refused for want of replicas hears it
+/// well within its own timeout.
+pub const REPLICA_ACK_TIMEOUT: Duration = Duration::from_millis(500);
 pub const KEY_PREFIX: &str = "idemgate";
 pub const MAX_ENTRIES: usize = 100_000;
 pub const MAX_BYTES: u64 = 256 << 20;

@@ -190,6 +190,11 @@ pub struct StoreSection {
     pub key_file: Option<PathBuf>,
     /// Name of an environment variable holding the Redis password (overrides one in the URL).
     pub password_env: Option<String>,
+    /// Replicas that must hold a claim before its request is forwarded, and an answer before
+    /// it is replied (Redis `WAIT`); 0: none waited for.
+    pub replica_acks: Option<u32>,
+    /// How long to wait for `replica_acks` replicas to acknowledge a write.
+    pub replica_ack_timeout: Option<HumanDuration>,
     /// Memory backend: maximum number of records kept.
     pub max_entries: Option<usize>,
     /// Memory backend: maximum bytes of stored responses kept.

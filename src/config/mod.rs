@@ -15,12 +15,14 @@ mod defaults;
 mod file;
 mod redis_url;
 mod source;
+mod store;
 mod tls;
 mod units;
 mod validate;
 mod words;
 
 pub use self::redis_url::{Address, Auth, Target as RedisTarget};
+pub use self::store::{RedisTls, ReplicaAcks, StoreBackendConfig, StoreConfig};
 pub use self::tls::{HostCert, ListenerTls, Served, TlsError};
 
 use std::fmt;
@@ -146,49 +148,6 @@ impl Limits {
             h2_keepalive_interval: None,
         }
     }
-}
-
-/// `[store]`
-#[derive(Debug, Clone, PartialEq)]
-pub struct StoreConfig {
-    /// Which backend, with its own settings.
-    pub backend: StoreBackendConfig,
-    /// Deadline of one store call.
-    pub timeout: Duration,
-    /// Prefix of record key names.
-    pub key_prefix: String,
-}
-
-/// The backend-specific part of `[store]`.
-#[derive(Debug, Clone, PartialEq)]
-pub enum StoreBackendConfig {
-    /// Redis, shared by every gateway instance.
-    Redis {
-        /// Connection URL.
-        url: String,
-        /// Multiplexed connections.
-        connections: usize,
-        /// TLS files for `rediss://`.
-        tls: RedisTls,
-        /// The password from `password_env`, if set (it overrides one in the URL).
-        password: Option<Secret>,
-    },
-    /// In-process memory, for one instance.
-    Memory {
-        /// Maximum records.
-        max_entries: usize,
-        /// Maximum stored bytes.
-        max_bytes: u64,
-    },
-}
-
-/// TLS files for a `rediss://` store (`[store] ca_file`, `cert_file`, `key_file`).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RedisTls {
-    /// PEM CA bundle replacing the system roots.
-    pub ca_file: Option<PathBuf>,
-    /// PEM client certificate and key, for mutual TLS.
-    pub client: Option<(PathBuf, PathBuf)>,
 }
 
 /// A secret read from the environment: compared, used, never printed.

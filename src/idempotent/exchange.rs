@@ -37,7 +37,7 @@ use crate::headers;
 use crate::metrics::{GaugeHold, Outcome, ReleaseReason, Would};
 use crate::policy::{Mode, UnknownOutcomePolicy};
 use crate::runtime::{IdempotentRoute, Runtime};
-use crate::store::{Final, Lifecycle, Sent, State, StoredResponse};
+use crate::store::{Final, Lifecycle, Records, Sent, State, StoredResponse};
 use crate::telemetry::{ChildSpan, RequestSpan};
 use crate::upstream::Upstream;
 
@@ -140,7 +140,7 @@ impl Exchange {
             }
             // The upstream gets this span as its parent (`traceparent`).
             let upstream_span = span.as_ref().map(|s| s.upstream(request.headers_mut()));
-            let keeper = Keeper::new(&route, rt.lifecycle(), claimed);
+            let keeper = Keeper::new(&route, rt.lifecycle(), rt.records(), claimed);
             let started = Instant::now();
             // In a block of its own: the call's state is gone once it has ended, and its place in
             // this future is free for what settles.
@@ -184,7 +184,7 @@ impl Exchange {
                     // until then the key is in progress, and retries wait for it.
                     match keeper.first_try(Final::Response(&stored)).await {
                         Ok(settled) => {
-                            let lost = keeper.logged("settle", Ok(settled));
+                            let lost = keeper.logged("settle", Ok(settled)).await;
                             answer(Ok(reply::first(parts, body::payload(body), lost)));
                         }
                         Err(e) => {
@@ -250,7 +250,7 @@ impl Exchange {
 /// that left an observing route's answer early is read on (within the upstream's timeout), to
 /// settle with the whole answer.
 async fn stream_end(
-    keeper: &Keeper<'_, impl Lifecycle>,
+    keeper: &Keeper<'_, impl Lifecycle, impl Records>,
     mode: Mode,
     end: oneshot::Receiver<StreamEnd>,
     abandon: &tokio_util::sync::CancellationToken,
@@ -277,7 +277,7 @@ async fn stream_end(
 /// done (or after `cap`). The state the key is left in when it needs an operator.
 async fn settle_streamed(
     route: &IdempotentRoute,
-    keeper: Keeper<'_, impl Lifecycle>,
+    keeper: Keeper<'_, impl Lifecycle, impl Records>,
     mode: Mode,
     end: StreamEnd,
     stored: bool,
@@ -308,7 +308,7 @@ async fn settle_streamed(
     let outcome = || if executed { Final::Executed(&stored) } else { Final::Response(&stored) };
     match within(cap, keeper.first_try(outcome()), || drop(hold)).await {
         Ok(done) => {
-            keeper.logged("settle", Ok(done));
+            keeper.logged("settle", Ok(done)).await;
         }
         Err(e) => {
             tracing::debug!(route = %route.name, error = %e, "settle failed; trying again behind the answer");

@@ -22,14 +22,18 @@
 //!
 //! A try whose reply was lost may have been applied, so the next one may find the record
 //! already settled. The store answers `Done` when this owner settled it with this outcome,
-//! and `Lost` only when somebody else's claim or outcome is there: a takeover, counted and
-//! logged as `lease_lost`, never taken for a settle that landed. (The converse can happen:
-//! a settle that landed, whose record a lookup or an operator then moved on before the next
-//! try, is reported lost: a false alarm, which errs the safe way.)
+//! and `Lost` only when the claim is no longer there as this owner's, never taken for a
+//! settle that landed. (The converse can happen: a settle that landed, whose record a lookup
+//! or an operator then moved on before the next try, is reported lost: a false alarm, which
+//! errs the safe way.) A lost claim is said once, as what it was ([`Keeper::lost`]): taken
+//! over (another owner's claim or outcome, with a later attempt: `lease_lost`), or vanished
+//! (no record, or one made afresh by a retry after the store forgot ours, which a failover to
+//! a replica that had not caught up, a restart or an eviction does: `claims_vanished`).
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use std::time::Duration;
 
@@ -39,13 +43,17 @@ use super::context::Claimed;
 use crate::metrics::ReleaseReason;
 use crate::policy::UnknownOutcomePolicy;
 use crate::runtime::IdempotentRoute;
-use crate::store::{Final, Lease, Lifecycle, Renewal, Sent, Settled, StoreError};
+use crate::store::{EntryState, Final, Lease, Lifecycle, Records, Renewal, Sent, Settled, StoreError};
 
 /// Keeps a claim until it ends: renews its lease while the call runs, then settles or
 /// releases it; the store calls, their logs and counters.
-pub struct Keeper<'a, S> {
+pub struct Keeper<'a, S, R> {
     route: &'a IdempotentRoute,
     store: &'a S,
+    /// Read only when the claim turns out lost, to say what became of it.
+    records: &'a R,
+    /// The claim was found lost and said so: it is said once, however many calls find it.
+    lost_said: AtomicBool,
     /// The claim. An unconfirmed one (the claim call failed) that turns out lost was never
     /// made, and is not counted as a takeover.
     claimed: Claimed,
@@ -55,12 +63,13 @@ pub struct Keeper<'a, S> {
     lease_end: Mutex<Instant>,
 }
 
-impl<'a, S: Lifecycle> Keeper<'a, S> {
-    /// Keeping `claimed` on `route` in `store`.
-    pub fn new(route: &'a IdempotentRoute, store: &'a S, claimed: Claimed) -> Self {
+impl<'a, S: Lifecycle, R: Records> Keeper<'a, S, R> {
+    /// Keeping `claimed` on `route` in `store` (whose `records` say what became of a claim
+    /// found lost).
+    pub fn new(route: &'a IdempotentRoute, store: &'a S, records: &'a R, claimed: Claimed) -> Self {
         let lease = claimed.lease();
         let lease_end = Mutex::new(lease.sent() + lease.duration());
-        Self { route, store, claimed, lease_end }
+        Self { route, store, records, lost_said: AtomicBool::new(false), claimed, lease_end }
     }
 
     fn lease(&self) -> &Lease {
@@ -111,8 +120,8 @@ impl<'a, S: Lifecycle> Keeper<'a, S> {
                     Ok(Renewal::Lost) if !self.confirmed() => renewing = false,
                     Ok(Renewal::Lost) => {
                         renewing = false;
-                        route.metrics.lease_lost();
-                        tracing::warn!(route = %route.name, key = lease.key().short(), "lease lost while the upstream call ran; the upstream's own constraint must catch a duplicate");
+                        // Boxed: rare, and a store read.
+                        Box::pin(self.lost("renew")).await;
                     }
                     Err(e) => {
                         route.metrics.store_error();
@@ -137,7 +146,7 @@ impl<'a, S: Lifecycle> Keeper<'a, S> {
         // exchange's state although it runs only after the store failed (docs/performance.md).
         let write = || self.store.settle(self.lease(), outcome, self.route.policy.retention);
         let (result, _) = Box::pin(self.persist(failed, write)).await;
-        self.logged("settle", result)
+        self.logged("settle", result).await
     }
 
     /// The request was sent without a complete answer: hold the key as unknown (a lookup's
@@ -171,27 +180,61 @@ impl<'a, S: Lifecycle> Keeper<'a, S> {
             Ok(Settled::Lost) if failed > 0 => Ok(Settled::Done),
             other => other,
         };
-        self.logged("release", result);
+        self.logged("release", result).await;
     }
 
     /// Logs and counts the end of a claim that did not go as planned; true when the lease was
     /// lost. The client is answered either way: the upstream's answer must not be lost
     /// because the store hiccuped.
-    pub fn logged(&self, action: &str, result: Result<Settled, StoreError>) -> bool {
+    pub async fn logged(&self, action: &str, result: Result<Settled, StoreError>) -> bool {
         let route = self.route;
         match result {
             Ok(Settled::Done) => false,
             // Without a confirmed claim there was nothing to lose.
             Ok(Settled::Lost) if !self.confirmed() => false,
             Ok(Settled::Lost) => {
-                route.metrics.lease_lost();
-                tracing::warn!(route = %route.name, action, "claim was taken over before it settled; the upstream's own constraint must catch a duplicate");
+                // Boxed: rare, and a store read.
+                Box::pin(self.lost(action)).await;
                 true
             }
             Err(e) => {
                 route.metrics.store_write_failed();
                 tracing::warn!(route = %route.name, action, error = %e, "store failed after the upstream answered, for as long as the lease allowed; the key stays claimed until its lease passes");
                 false
+            }
+        }
+    }
+
+    /// The claim turned out not to be this owner's any more (found by `action`): said and
+    /// counted once per claim, as what it was. A takeover leaves another owner's record with a
+    /// later attempt; a record this gateway's claim vanished from has none, or one a retry made
+    /// afresh (attempt 1 again: it found nothing). An operator's forced release shows as a
+    /// release. When the store cannot be read, it is said as either.
+    async fn lost(&self, action: &str) {
+        if self.lost_said.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let (route, key) = (self.route, self.lease().key());
+        let ours = self.claimed.attempt().unwrap_or(1);
+        let found = self.records.get(key).await;
+        let vanished = match &found {
+            Ok(None) => Some(true),
+            Ok(Some(entry)) if entry.state == EntryState::Released => Some(false),
+            Ok(Some(entry)) => Some(entry.attempt <= ours),
+            Err(_) => None,
+        };
+        match vanished {
+            Some(true) => {
+                route.metrics.claim_vanished();
+                tracing::warn!(route = %route.name, key = key.short(), action, attempt = ours, "claim vanished from the store before it settled (nobody took it over: a failover to a replica that had not caught up, a restart or an eviction lost it); a retry may run the request again as attempt 1, and the upstream's own constraint must catch it");
+            }
+            Some(false) => {
+                route.metrics.lease_lost();
+                tracing::warn!(route = %route.name, key = key.short(), action, attempt = ours, "claim was taken over before it settled; the upstream's own constraint must catch a duplicate");
+            }
+            None => {
+                route.metrics.lease_lost();
+                tracing::warn!(route = %route.name, key = key.short(), action, attempt = ours, "claim was taken over or vanished before it settled (the store could not say which); the upstream's own constraint must catch a duplicate");
             }
         }
     }

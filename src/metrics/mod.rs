@@ -7,6 +7,7 @@ mod exposition;
 mod instance;
 mod labels;
 mod route;
+mod store;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -144,6 +145,7 @@ pub struct Metrics {
     log_lines_dropped: Counter,
     released: Family<RouteReason, Counter>,
     lease_lost: Family<RouteLabel, Counter>,
+    claims_vanished: Family<RouteLabel, Counter>,
     store_errors: Family<RouteLabel, Counter>,
     store_write_failed: Family<RouteLabel, Counter>,
     outcome_unknown: Family<RouteLabel, Counter>,
@@ -185,8 +187,14 @@ impl Default for Metrics {
         let lease_lost = Family::default();
         registry.register(
             "lease_lost",
-            "Leases found taken over or gone while their request ran; the upstream's constraint covers these",
+            "Claims found taken over by another request (a later attempt) while their request ran, each counted once; the upstream's constraint covers these",
             lease_lost.clone(),
+        );
+        let claims_vanished = Family::default();
+        registry.register(
+            "claims_vanished",
+            "Claims found gone from the store while their request ran, nobody having taken them over (a failover to a replica that had not caught up, a restart, an eviction), each counted once; a retry may run the request again as attempt 1",
+            claims_vanished.clone(),
         );
         let store_errors = Family::default();
         registry.register("store_errors", "Store calls that failed or timed out", store_errors.clone());
@@ -270,6 +278,7 @@ impl Default for Metrics {
             log_lines_dropped,
             released,
             lease_lost,
+            claims_vanished,
             store_errors,
             store_write_failed,
             outcome_unknown,
@@ -326,6 +335,7 @@ impl Metrics {
                 if idempotent { self.released.get_or_create(&label).clone() } else { Counter::default() }
             }),
             lease_lost: shown(idempotent, &self.lease_lost),
+            claims_vanished: shown(idempotent, &self.claims_vanished),
             store_errors: shown(idempotent, &self.store_errors),
             store_write_failed: shown(idempotent, &self.store_write_failed),
             outcome_unknown: shown(idempotent, &self.outcome_unknown),
@@ -370,24 +380,6 @@ impl Metrics {
         }
     }
 
-    /// Exposes the store's count of detected data losses (Redis only).
-    pub fn register_store_data_loss(&mut self, counter: Counter) {
-        self.registry.register(
-            "store_data_loss",
-            "Times this gateway saw Redis lose its records (epoch marker gone); retries of earlier requests then reach the upstream",
-            counter,
-        );
-    }
-
-    /// Exposes the count of round trips to Redis (Redis only).
-    pub fn register_store_commands(&mut self, counter: Counter) {
-        self.registry.register(
-            "store_commands",
-            "Round trips this gateway made to Redis: one command, or the pipelined side-key write and settle of a large response (the commands a script runs inside Redis are not counted)",
-            counter,
-        );
-    }
-
     /// Exposes the counts of spans the trace exporter dropped, by reason (`queue_full`,
     /// `export_failed`).
     pub fn register_telemetry_drops(
@@ -402,17 +394,6 @@ impl Metrics {
             "Spans not exported, by reason: the queue was full (queue_full), or their export failed (export_failed: the collector down, slow or refusing)",
             family,
         );
-    }
-
-    /// Exposes the store's call latency histograms.
-    pub fn register_store_latency(
-        &mut self,
-        family: Family<
-            impl EncodeLabelSet + Clone + std::hash::Hash + Eq + std::fmt::Debug + Send + Sync + 'static,
-            Histogram,
-        >,
-    ) {
-        self.registry.register("store_call_seconds", "Latency of store calls, by call", family);
     }
 
     /// Counts a request that matched no route.

@@ -111,6 +111,7 @@ pub struct RouteMetrics {
     pub(super) outcomes: PerLabel<Outcome>,
     pub(super) released: PerLabel<ReleaseReason>,
     pub(super) lease_lost: Counter,
+    pub(super) claims_vanished: Counter,
     pub(super) store_errors: Counter,
     pub(super) store_write_failed: Counter,
     pub(super) outcome_unknown: Counter,
@@ -196,9 +197,14 @@ impl RouteMetrics {
         self.not_stored.inc();
     }
 
-    /// Counts a lease found lost.
+    /// Counts a lease found taken over.
     pub fn lease_lost(&self) {
         self.lease_lost.inc();
+    }
+
+    /// Counts a claim found gone from the store while its request ran (not taken over).
+    pub fn claim_vanished(&self) {
+        self.claims_vanished.inc();
     }
 
     /// Counts a failed store call.

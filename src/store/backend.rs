@@ -91,9 +91,10 @@ impl Backend {
     /// answers by its `on_store_error` policy) even while Redis is down.
     pub fn from_config(config: &StoreConfig) -> Result<Self, StoreError> {
         Ok(Self::new(match &config.backend {
-            StoreBackendConfig::Redis { url, connections, tls, password } => {
+            StoreBackendConfig::Redis { url, connections, tls, password, replicas } => {
                 let password = password.as_ref().map(|p| p.0.as_str());
-                Engine::Redis(RedisStore::open(url, tls, password, *connections, config.timeout, &config.key_prefix)?)
+                let store = RedisStore::open(url, tls, password, *connections, config.timeout, &config.key_prefix)?;
+                Engine::Redis(store.requiring(*replicas))
             }
             StoreBackendConfig::Memory { max_entries, max_bytes } => {
                 Engine::Memory(MemoryStore::new(*max_entries, *max_bytes))

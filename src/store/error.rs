@@ -27,6 +27,18 @@ pub enum StoreError {
     /// The memory store is at its bound and holds only open claims.
     #[error("memory store is full")]
     Full,
+    /// Too few replicas acknowledged a claim within `replica_ack_timeout` (see
+    /// `redis::replicas`): a failover now could forget it, so it is given back and its
+    /// request is not forwarded.
+    #[error("{got} of the {wanted} replicas required acknowledged the claim within {within:?}")]
+    Unreplicated {
+        /// `replica_acks`.
+        wanted: u32,
+        /// How many acknowledged in time.
+        got: i64,
+        /// `replica_ack_timeout`.
+        within: Duration,
+    },
     /// The store answered and refused the command itself (an argument, a key of another
     /// type, a script's error): not an outage, a bug or a misconfigured store.
     #[error("store refused the command: {0}")]

@@ -39,7 +39,7 @@ pub use self::lookups::{Lookup, LookupEnd, LookupEnded};
 pub use self::memory::MemoryStore;
 pub use self::names::{OwnerToken, QuotaKey, RecordKey};
 pub use self::record::{RecordError, StoredResponse};
-pub use self::redis::{Persistence, RedisStore, Settings, Severity};
+pub use self::redis::{Acks, Persistence, RedisStore, ReplicaMetrics, Settings, Severity};
 pub use self::roles::{Index, Lifecycle, Lookups, Operator, Quota, Records};
 pub use self::state::State;
 pub use self::waiters::Watch;

@@ -214,6 +214,35 @@ pub(super) fn warnings(config: &Config) -> Vec<Issue> {
             );
         }
     }
+    replica_warnings(config, &mut out);
     fallthrough::warnings(config, &mut out);
     out.0
+}
+
+/// `replica_ack_timeout` without `replica_acks`, and a wait for replicas that a lease may not
+/// outlast: the claim's lease runs while its replicas are awaited, and its first renewal comes
+/// a third of a lease after the claim returns.
+fn replica_warnings(config: &Config, out: &mut Issues) {
+    let crate::config::StoreBackendConfig::Redis { replicas, .. } = &config.store.backend else { return };
+    if replicas.count == 0 {
+        if replicas.timeout != crate::config::defaults::REPLICA_ACK_TIMEOUT {
+            out.add("store.replica_ack_timeout", "has no effect with replica_acks = 0 (no replica is waited for)");
+        }
+        return;
+    }
+    for (i, route) in config.routes.iter().enumerate() {
+        let Some(policy) = &route.idempotency else { continue };
+        let waited = replicas.timeout + config.store.timeout;
+        if waited * 3 > policy.lease * 2 {
+            out.add(
+                format!("routes[{i}].idempotency.lease"),
+                format!(
+                    "{:?} leaves too little room for store.replica_ack_timeout ({:?}) and store.timeout ({:?}): \
+                     a claim waiting for its replicas may pass its lease before its first renewal, and a retry \
+                     take it over; keep replica_ack_timeout + timeout under two thirds of the lease",
+                    policy.lease, replicas.timeout, config.store.timeout
+                ),
+            );
+        }
+    }
 }

@@ -6,7 +6,7 @@ use super::{Issues, positive_duration, positive_size};
 use crate::config::defaults;
 use crate::config::file;
 use crate::config::redis_url::Target;
-use crate::config::{RedisTls, Secret, StoreBackendConfig, StoreConfig};
+use crate::config::{RedisTls, ReplicaAcks, Secret, StoreBackendConfig, StoreConfig};
 
 pub(super) fn store(
     s: &file::StoreSection,
@@ -46,8 +46,11 @@ pub(super) fn store(
                     }
                 },
             };
+            let replicas = replica_acks(s, issues);
             match (url, password) {
-                (Some(url), Some(password)) => Some(StoreBackendConfig::Redis { url, connections, tls, password }),
+                (Some(url), Some(password)) => {
+                    Some(StoreBackendConfig::Redis { url, connections, tls, password, replicas })
+                }
                 _ => None,
             }
         }
@@ -59,6 +62,8 @@ pub(super) fn store(
                 (s.cert_file.is_some(), "cert_file"),
                 (s.key_file.is_some(), "key_file"),
                 (s.password_env.is_some(), "password_env"),
+                (s.replica_acks.is_some(), "replica_acks"),
+                (s.replica_ack_timeout.is_some(), "replica_ack_timeout"),
             ] {
                 if set {
                     issues.add(format!("store.{key}"), "applies to the redis backend only");
@@ -90,6 +95,25 @@ pub(super) fn store(
     }
     Some(StoreConfig { backend: backend?, timeout, key_prefix })
 }
+
+/// `replica_acks` and `replica_ack_timeout`. Whether the store has that many replicas is
+/// asked of the store itself (`check`, the start, `/readyz`), never assumed here.
+fn replica_acks(s: &file::StoreSection, issues: &mut Issues) -> ReplicaAcks {
+    let count = s.replica_acks.unwrap_or(0);
+    if count > MAX_REPLICA_ACKS {
+        issues.add("store.replica_acks", format!("must be between 0 and {MAX_REPLICA_ACKS}"));
+    }
+    let timeout =
+        positive_duration(issues, "store.replica_ack_timeout", s.replica_ack_timeout, defaults::REPLICA_ACK_TIMEOUT);
+    if timeout < std::time::Duration::from_millis(1) {
+        // WAIT takes whole milliseconds, and 0 would wait for ever.
+        issues.add("store.replica_ack_timeout", "must be at least 1ms");
+    }
+    ReplicaAcks { count, timeout }
+}
+
+/// More replicas than any deployment runs behind one primary: a larger number is a typo.
+const MAX_REPLICA_ACKS: u32 = 16;
 
 /// The TLS files of a TLS store (`rediss://`, `rediss+sentinel://`, `rediss+cluster://`),
 /// each checked readable.

@@ -276,9 +276,14 @@ impl Lifecycle for MemoryStore {
                 return Ok(Settled::Lost);
             };
             if !matches!(slot.data, Data::InProgress { owner, .. } if owner == lease.owner) {
-                // Settled already by this owner with this outcome: an earlier try landed.
+                // Settled already by this owner with this outcome: an earlier try landed. Its
+                // retention starts again, as Redis's does (where the repeat must be a write).
                 let same = slot.entry_state(now).state() == outcome.state();
-                return Ok(if same && slot.settled_by == Some(lease.owner) { Settled::Done } else { Settled::Lost });
+                if !(same && slot.settled_by == Some(lease.owner)) {
+                    return Ok(Settled::Lost);
+                }
+                inner.set_expiry(&lease.key, now + retention);
+                return Ok(Settled::Done);
             }
             slot.data = data;
             slot.settled_by = Some(lease.owner);

@@ -9,14 +9,16 @@ use std::time::Duration;
 use prometheus_client::metrics::counter::Counter;
 use tokio::task::JoinHandle;
 
+use super::journal::Journal;
 use super::links::{Links, Opened};
+use super::replicas::{ReplicaMetrics, Replicas};
 use super::round_trip::{Reply, protocol};
 use super::scripts::{Scripts, load_scripts};
 use super::sentinel::Follower;
 use super::settings::{self, Settings};
 use super::transport::Transport;
 use super::{epoch, notify};
-use crate::config::{RedisTarget as Target, RedisTls};
+use crate::config::{RedisTarget as Target, RedisTls, ReplicaAcks};
 use crate::store::error::{Result, StoreError};
 use crate::store::names::QuotaKey;
 use crate::store::roles::Quota;
@@ -43,6 +45,10 @@ pub struct RedisStore {
     pub(super) waiters: Arc<Waiters>,
     pub(super) subscribed: Arc<AtomicBool>,
     data_loss: Counter,
+    /// The keys claimed and answered lately, for the data-loss alarm to name.
+    pub(super) journal: Arc<Journal>,
+    /// What `replica_acks` asks of every write the promise rests on (see `replicas`).
+    pub(super) replicas: Arc<Replicas>,
     /// Subscriber, epoch watch, script warm-up and Sentinel follower; stopped with the store.
     background: Vec<JoinHandle<()>>,
 }
@@ -83,6 +89,7 @@ impl RedisStore {
         let waiters = Arc::new(Waiters::default());
         let subscribed = Arc::new(AtomicBool::new(false));
         let data_loss = Counter::default();
+        let journal = Arc::new(Journal::default());
         let mut background = vec![
             tokio::spawn(notify::subscribe(
                 links.clone(),
@@ -90,7 +97,12 @@ impl RedisStore {
                 Arc::clone(&waiters),
                 Arc::clone(&subscribed),
             )),
-            tokio::spawn(epoch::watch(links.clone(), format!("{key_prefix}:epoch"), data_loss.clone())),
+            tokio::spawn(epoch::watch(
+                links.clone(),
+                format!("{key_prefix}:epoch"),
+                data_loss.clone(),
+                Arc::clone(&journal),
+            )),
         ];
         // On a Cluster, SCRIPT LOAD goes to every node and fails while any is down; there the
         // first call of each script on each node pays one NOSCRIPT round trip instead.
@@ -102,7 +114,20 @@ impl RedisStore {
         }
         let transport = Transport::new(links, timeout);
         let prefix = key_prefix.to_owned();
-        Ok(Self { transport, scripts, channel, prefix, waiters, subscribed, data_loss, background })
+        let replicas = Arc::new(Replicas::new(ReplicaAcks::NONE));
+        Ok(Self { transport, scripts, channel, prefix, waiters, subscribed, data_loss, journal, replicas, background })
+    }
+
+    /// This store, relying on a claim or an answer only once `acks.count` replicas hold it
+    /// (`[store] replica_acks`, see `replicas`).
+    pub fn requiring(mut self, acks: ReplicaAcks) -> Self {
+        self.replicas = Arc::new(Replicas::new(acks));
+        self
+    }
+
+    /// The metrics of replica acknowledgements.
+    pub fn replica_metrics(&self) -> ReplicaMetrics {
+        self.replicas.metrics.clone()
     }
 
     /// Where the store is, for a log line (see `Links::describe`).
@@ -117,7 +142,7 @@ impl RedisStore {
 
     /// Redis's settings that decide whether records last their retention (see `settings`).
     pub async fn settings(&self) -> Settings {
-        settings::read(&self.transport).await
+        settings::read(&self.transport, &self.replicas, &format!("{}:replicas", self.prefix)).await
     }
 
     /// Counts the commands this gateway sent (each one round trip).

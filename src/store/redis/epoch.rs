@@ -6,7 +6,9 @@
 //! each gateway keeps an epoch marker and checks it every second, together with the server's
 //! `run_id` and `master_replid`; when the marker vanishes or changes, or the server behind it
 //! is another one (restart, failover), the loss is logged and counted
-//! (`store_data_loss_total`).
+//! (`store_data_loss_total`), and a second line names the keys this gateway answered in the
+//! window the loss may cover and those it had in flight (see `journal`), so that an operator
+//! can check them upstream.
 //!
 //! One primary (or the one Sentinel names) has one marker, `PREFIX:epoch`. A Cluster has one
 //! per shard, `PREFIX:epoch:{TAG}`, where TAG hashes to the first slot the shard serves, so
@@ -20,12 +22,13 @@
 //! migration, no loss, when it was not.
 
 use std::collections::HashMap;
-use std::sync::OnceLock;
-use std::time::Duration;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 use prometheus_client::metrics::counter::Counter;
 use redis::Value;
 
+use super::journal::Journal;
 use super::links::{Links, unavailable};
 use crate::store::error::StoreError;
 
@@ -58,9 +61,9 @@ struct Observed {
 /// - the marker is there but the server is another one (`run_id` or `master_replid` changed):
 ///   a restart from a snapshot or a failover to a replica that lagged may have lost the last
 ///   writes before it, so a retry of a request answered just before may run again.
-pub(super) async fn watch(links: Links, marker: String, data_loss: Counter) {
-    // Per marker (one per shard): what the last check saw.
-    let mut known: HashMap<String, Observed> = HashMap::new();
+pub(super) async fn watch(links: Links, marker: String, data_loss: Counter, journal: Arc<Journal>) {
+    // Per marker (one per shard): what the last check saw, and when it was sent.
+    let mut known: HashMap<String, (Observed, Instant)> = HashMap::new();
     loop {
         let markers = if links.is_cluster() {
             match tokio::time::timeout(EPOCH_CHECK, shard_markers(&links, &marker)).await {
@@ -74,6 +77,7 @@ pub(super) async fn watch(links: Links, marker: String, data_loss: Counter) {
         } else {
             vec![marker.clone()]
         };
+        let checked = Instant::now();
         let checks = markers.into_iter().map(|marker| async {
             // A fresh candidate each time: a marker re-created by this same gateway after a
             // loss must differ from the one it knew.
@@ -92,10 +96,14 @@ pub(super) async fn watch(links: Links, marker: String, data_loss: Counter) {
             match observed {
                 Ok(current) => {
                     match known.get(&marker) {
-                        Some(previous) => report_change(&links.describe(), &marker, previous, &current, &data_loss),
+                        Some((previous, seen)) => {
+                            if report_change(&links.describe(), &marker, previous, &current, &data_loss) {
+                                name_the_window(&links.describe(), &journal, *seen);
+                            }
+                        }
                         None => check_version(&links.describe(), &current.version),
                     }
-                    known.insert(marker, current);
+                    known.insert(marker, (current, checked));
                 }
                 Err(e) => {
                     tracing::debug!(store = %links.describe(), marker, error = %e, "epoch check skipped: store unreachable")
@@ -106,7 +114,42 @@ pub(super) async fn watch(links: Links, marker: String, data_loss: Counter) {
     }
 }
 
-fn report_change(store: &str, marker: &str, previous: &Observed, current: &Observed, data_loss: &Counter) {
+/// How far before the last check that saw the lost server its replicas may have trailed:
+/// replicas acknowledge once a second, so a write older than this was most likely held.
+const REPLICA_TRAIL: Duration = Duration::from_secs(2);
+
+/// The most keys one alarm line names; the rest are counted.
+const NAMED_MAX: usize = 500;
+
+/// Names, after a data loss found at a check that followed one sent at `seen`, the keys this
+/// gateway wrote in the window that may have been lost: answered since a little before
+/// `seen` (see [`REPLICA_TRAIL`]), and in flight now. Their retries may run again upstream
+/// (as attempt 1), so an operator can check them there.
+fn name_the_window(store: &str, journal: &Journal, seen: Instant) {
+    let from = seen.checked_sub(REPLICA_TRAIL).unwrap_or(seen);
+    let named = journal.since(from.into());
+    let list = |keys: &[String]| {
+        let mut shown = keys.iter().take(NAMED_MAX).cloned().collect::<Vec<_>>().join(",");
+        if keys.len() > NAMED_MAX {
+            shown.push_str(&format!(",… ({} more)", keys.len() - NAMED_MAX));
+        }
+        shown
+    };
+    tracing::error!(
+        store,
+        window_from_s_ago = %format!("{:.1}", from.elapsed().as_secs_f64()),
+        answered = named.ended.len(),
+        in_flight = named.in_flight.len(),
+        not_named = named.unnamed,
+        answered_keys = %list(&named.ended),
+        in_flight_keys = %list(&named.in_flight),
+        "keys this gateway answered or had in flight in the window the data loss may cover: their records may \
+         be gone, and a retry of any of them may run again upstream as attempt 1; check them there"
+    );
+}
+
+/// Says what changed between two checks of a marker; true when records may have been lost.
+fn report_change(store: &str, marker: &str, previous: &Observed, current: &Observed, data_loss: &Counter) -> bool {
     let node = current.node.as_deref().unwrap_or("");
     let moved = previous.node.is_some() && previous.node != current.node;
     if previous.epoch == current.epoch && moved && current.replid2 != previous.replid {
@@ -118,6 +161,7 @@ fn report_change(store: &str, marker: &str, previous: &Observed, current: &Obser
             to = current.node.as_deref().unwrap_or(""),
             "an epoch marker moved with its slot to another node (resharding); nothing was lost"
         );
+        false
     } else if previous.epoch != current.epoch {
         data_loss.inc();
         tracing::error!(
@@ -130,6 +174,7 @@ fn report_change(store: &str, marker: &str, previous: &Observed, current: &Obser
              retries of requests that already ran will reach the upstream again, whose own \
              UNIQUE constraint must answer them"
         );
+        true
     } else if previous.run_id != current.run_id || previous.replid != current.replid {
         data_loss.inc();
         tracing::error!(
@@ -142,6 +187,9 @@ fn report_change(store: &str, marker: &str, previous: &Observed, current: &Obser
              retry of a request answered then may reach the upstream again, whose own UNIQUE \
              constraint must answer it"
         );
+        true
+    } else {
+        false
     }
 }
 

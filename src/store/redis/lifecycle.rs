@@ -9,8 +9,11 @@ use bytes::Bytes;
 use redis::{Cmd, RedisWrite, ToRedisArgs};
 
 use super::engine::{ASIDE_FROM, POLL_SUBSCRIBED, POLL_UNSUBSCRIBED, RedisStore, ms};
+use super::journal::Wrote;
 use super::layout::{self, Record};
+use super::replicas::Written;
 use super::round_trip::{Reply, protocol};
+use super::transport::Ack;
 use crate::policy::fingerprint::Fingerprint;
 use crate::store::error::{Result, StoreError};
 use crate::store::lifecycle::{Claim, Final, Granted, Lease, Renewal, Sent, Settled, Terms};
@@ -58,11 +61,11 @@ impl RedisStore {
             pipe
         };
         let settle = &self.scripts.settle;
-        let (reply,): (i64,) = self
-            .transport
-            .query(pipe("EVALSHA", settle.script.get_hash()), Some(&|| pipe("EVAL", settle.code).into()))
-            .await?;
-        settled(reply)
+        let eval = || pipe("EVAL", settle.code).into();
+        let (reply, ack) =
+            self.transport.write(pipe("EVALSHA", settle.script.get_hash()).into(), Some(&eval), self.wait()).await?;
+        let (reply,): (i64,) = redis::from_redis_value(reply).map_err(|e| protocol(&e.to_string()))?;
+        self.settled_relied_on(&lease.key, written(state), reply, ack, lease.terms.lease)
     }
 
     /// The settle script with the response as its argument, on the record's one key.
@@ -74,18 +77,97 @@ impl RedisStore {
         retention: Duration,
     ) -> Result<Settled> {
         let extra = response.map_or(0, StoredResponse::encoded_len);
-        let reply = self
-            .transport
-            .eval_sized(&self.scripts.settle, &[lease.key.as_str()], extra, |cmd| {
-                cmd.arg(&lease.owner.as_bytes()[..]).arg(&[state.letter()][..]);
-                match response {
-                    Some(r) => cmd.arg(Encoded(r)),
-                    None => cmd.arg(""),
-                };
-                cmd.arg(ms(retention)).arg(&self.channel);
-            })
-            .await?;
-        settled(Reply::integer(reply)?)
+        let args = |cmd: &mut Cmd| {
+            cmd.arg(&lease.owner.as_bytes()[..]).arg(&[state.letter()][..]);
+            match response {
+                Some(r) => cmd.arg(Encoded(r)),
+                None => cmd.arg(""),
+            };
+            cmd.arg(ms(retention)).arg(&self.channel);
+        };
+        let (reply, ack) =
+            self.transport.eval_write(&self.scripts.settle, &[lease.key.as_str()], extra, args, self.wait()).await?;
+        self.settled_relied_on(&lease.key, written(state), Reply::integer(reply)?, ack, lease.terms.lease)
+    }
+
+    /// The `WAIT` behind each write the promise rests on, and its timeout; `None` without
+    /// `replica_acks`.
+    fn wait(&self) -> Option<(&Cmd, Duration)> {
+        self.replicas.wait().map(|wait| (wait, self.replicas.timeout()))
+    }
+
+    /// After a write the client's answer rests on (an answer, an unknown mark, a release, a
+    /// lookup's end): counts what the replicas said; too few in time, the client is answered
+    /// all the same (the request ran) and the gateway goes on waiting for them, for up to
+    /// `keep` more (see `replicas`). A write that did not happen (`Lost`) leaves nothing to
+    /// wait for.
+    fn relied_on(&self, write: Written, done: bool, ack: Option<Ack>, keep: Duration) {
+        let Some(Ack { got, held, took }) = ack else { return };
+        if !done {
+            return;
+        }
+        if self.replicas.record(write, got, took) {
+            held.give_back();
+        } else {
+            self.replicas.keep_waiting(write, held, got, tokio::time::Instant::now() + keep, self.describe());
+        }
+    }
+
+    /// A settle's or a release's reply on `key`, relied on as [`relied_on`](Self::relied_on)
+    /// says, and noted for the data-loss alarm.
+    fn settled_relied_on(
+        &self,
+        key: &RecordKey,
+        write: Written,
+        reply: i64,
+        ack: Option<Ack>,
+        keep: Duration,
+    ) -> Result<Settled> {
+        let result = settled(reply)?;
+        if result == Settled::Done {
+            self.journal.note(Wrote::End, key);
+        }
+        self.relied_on(write, result == Settled::Done, ack, keep);
+        Ok(result)
+    }
+
+    /// A claim just made on `key` is relied on only once enough replicas hold it; too few in
+    /// time, the claim is refused with a store error, and the caller gives it back (as any
+    /// claim whose outcome it cannot trust) without forwarding anything.
+    ///
+    /// The claim itself went as any call, on the shared connections: most claims find a
+    /// record (replays, duplicates) and must not wait for replicas, nor stall behind a `WAIT`
+    /// (whose count, on a connection that ran one before, can include Redis's own request for
+    /// acknowledgements, so that even a call that wrote nothing would wait for a frozen
+    /// replica). So a claim that was made is covered afterwards: its expiry is written again
+    /// (to the same claim ttl, a moment later: the lease mark moves by that moment) with a
+    /// `WAIT` behind it, on a connection of its own. Replication is one stream, in order, so
+    /// replicas that acknowledge that write hold the claim before it; and a connection that
+    /// reconnected in between carries the write too. A record gone by then (`PEXPIRE` answers
+    /// 0) was lost before anything was sent.
+    async fn claim_replicated(&self, key: &RecordKey, ttl_ms: u64) -> Result<()> {
+        let Some(wait) = self.wait() else { return Ok(()) };
+        let mut touch = redis::cmd("PEXPIRE");
+        touch.arg(key.as_str()).arg(ttl_ms);
+        let (reply, ack) = self.transport.write(touch.into(), None, Some(wait)).await?;
+        let Some(Ack { got, held, took }) = ack else { return Ok(()) };
+        if Reply::integer(reply)? != 1 {
+            return Err(StoreError::Unavailable("the claim was gone before its replicas acknowledged it".into()));
+        }
+        if self.replicas.record(Written::claim, got, took) {
+            held.give_back();
+            return Ok(());
+        }
+        self.replicas.claim_refused(got, &self.describe());
+        Err(StoreError::Unreplicated { wanted: self.replicas.count(), got, within: self.replicas.timeout() })
+    }
+}
+
+/// What a settle in `state` writes, for the replicas' metrics.
+fn written(state: State) -> Written {
+    match state {
+        State::Unknown => Written::unknown,
+        _ => Written::answer,
     }
 }
 
@@ -103,6 +185,8 @@ impl Lifecycle for RedisStore {
         set.arg("NX").arg("GET").arg("PX").arg(ttl_ms);
         let existing: Option<Vec<u8>> = self.transport.query(set, None).await?;
         let Some(existing) = existing else {
+            self.claim_replicated(key, ttl_ms).await?;
+            self.journal.note(Wrote::Claim, key);
             return Ok(Claim::Acquired(Granted::new(Lease::new(key.clone(), owner, terms, sent), 1)));
         };
         let record = Record::parse(Bytes::from(existing))?;
@@ -116,15 +200,15 @@ impl Lifecycle for RedisStore {
             State::Unknown => return Ok(Claim::Unknown { attempt: record.attempt }),
             State::InProgress => {}
         }
-        let reply = self
-            .transport
-            .eval(&self.scripts.claim, key.as_str(), |cmd| {
-                cmd.arg(&fp.as_bytes()[..]).arg(&owner.as_bytes()[..]).arg(lease_ms).arg(ttl_ms);
-            })
-            .await?;
+        let args = |cmd: &mut Cmd| {
+            cmd.arg(&fp.as_bytes()[..]).arg(&owner.as_bytes()[..]).arg(lease_ms).arg(ttl_ms);
+        };
+        let reply = self.transport.eval_sized(&self.scripts.claim, &[key.as_str()], 0, args).await?;
         let mut items = Reply::array(reply)?;
         match items.tag()?.as_slice() {
             b"acquired" => {
+                self.claim_replicated(key, ttl_ms).await?;
+                self.journal.note(Wrote::Claim, key);
                 Ok(Claim::Acquired(Granted::new(Lease::new(key.clone(), owner, terms, sent), items.attempt()?)))
             }
             b"completed" => Ok(Claim::Completed(items.response()?)),
@@ -158,17 +242,22 @@ impl Lifecycle for RedisStore {
             Final::Unknown { trusted_in } => {
                 let trusted_ms = u64::try_from(trusted_in.as_millis()).unwrap_or(u64::MAX);
                 let tail = layout::unknown_tail(ms(retention), trusted_ms, &lease.owner);
-                let reply = self
-                    .transport
-                    .eval(&self.scripts.settle, lease.key.as_str(), |cmd| {
-                        cmd.arg(&lease.owner.as_bytes()[..])
-                            .arg(&[state.letter()][..])
-                            .arg(&tail)
-                            .arg(ms(retention))
-                            .arg(&self.channel);
-                    })
-                    .await?;
-                return settled(Reply::integer(reply)?);
+                let args = |cmd: &mut Cmd| {
+                    cmd.arg(&lease.owner.as_bytes()[..])
+                        .arg(&[state.letter()][..])
+                        .arg(&tail)
+                        .arg(ms(retention))
+                        .arg(&self.channel);
+                };
+                let key = [lease.key.as_str()];
+                let (reply, ack) = self.transport.eval_write(&self.scripts.settle, &key, 0, args, self.wait()).await?;
+                return self.settled_relied_on(
+                    &lease.key,
+                    Written::unknown,
+                    Reply::integer(reply)?,
+                    ack,
+                    lease.terms.lease,
+                );
             }
         };
         if let Some(large) = response.filter(|r| r.body.len() >= ASIDE_FROM) {
@@ -196,13 +285,12 @@ impl Lifecycle for RedisStore {
             Sent::Maybe => "1",
             Sent::No => "0",
         };
-        let reply = self
-            .transport
-            .eval(&self.scripts.release, key.as_str(), |cmd| {
-                cmd.arg(&owner.as_bytes()[..]).arg(sent).arg(ms(ttl)).arg(&self.channel);
-            })
-            .await?;
-        settled(Reply::integer(reply)?)
+        let args = |cmd: &mut Cmd| {
+            cmd.arg(&owner.as_bytes()[..]).arg(sent).arg(ms(ttl)).arg(&self.channel);
+        };
+        let (reply, ack) =
+            self.transport.eval_write(&self.scripts.release, &[key.as_str()], 0, args, self.wait()).await?;
+        self.settled_relied_on(key, Written::release, Reply::integer(reply)?, ack, ttl)
     }
 
     async fn ping(&self) -> Result<()> {
@@ -244,7 +332,7 @@ impl Lookups for RedisStore {
 
     async fn end_lookup(&self, key: &RecordKey, token: OwnerToken, end: LookupEnd<'_>) -> Result<LookupEnded> {
         let token = &token.as_bytes()[..];
-        let reply = self.transport.eval(&self.scripts.lookup, key.as_str(), |cmd| {
+        let args = |cmd: &mut Cmd| {
             match end {
                 LookupEnd::Found { response, retention } => {
                     cmd.arg("found").arg(token).arg(Encoded(response)).arg(ms(retention))
@@ -253,9 +341,16 @@ impl Lookups for RedisStore {
                 LookupEnd::Failed => cmd.arg("failed").arg(token),
             };
             cmd.arg(&self.channel);
-        });
-        let mut items = Reply::array(reply.await?)?;
-        match items.tag()?.as_slice() {
+        };
+        // A found answer or a released key is what the retry waiting on it relies on; a
+        // failed lookup changes nothing a failover could lose.
+        let wait = self.wait().filter(|_| !matches!(end, LookupEnd::Failed));
+        let (reply, ack) = self.transport.eval_write(&self.scripts.lookup, &[key.as_str()], 0, args, wait).await?;
+        let mut items = Reply::array(reply)?;
+        let tag = items.tag()?;
+        // Kept waited for, if too few replicas answered, as long as a lookup may take.
+        self.relied_on(Written::lookup, tag == b"done", ack, self.transport.timeout() * 10);
+        match tag.as_slice() {
             b"done" => Ok(LookupEnded::Done),
             b"early" => Ok(LookupEnded::TooEarly { left: Duration::from_millis(items.int()?.max(1) as u64) }),
             b"lost" => Ok(LookupEnded::Lost),

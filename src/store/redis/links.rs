@@ -25,6 +25,7 @@ use redis::{Cmd, IntoConnectionInfo, Pipeline, RedisFuture, TlsCertificates, Val
 use tokio::sync::futures::Notified;
 use tokio::sync::{Notify, watch};
 
+use super::replicas::{Exclusive, Held};
 use crate::config::{Address, Auth, RedisTarget as Target, RedisTls};
 use crate::store::error::StoreError;
 
@@ -33,6 +34,8 @@ use crate::store::error::StoreError;
 pub(super) enum Link {
     Node(ConnectionManager),
     Cluster(ClusterConnection),
+    /// A connection that never reconnects, held by one call at a time (see `replicas`).
+    Direct(MultiplexedConnection),
 }
 
 impl ConnectionLike for Link {
@@ -40,6 +43,7 @@ impl ConnectionLike for Link {
         match self {
             Link::Node(c) => c.req_packed_command(cmd),
             Link::Cluster(c) => c.req_packed_command(cmd),
+            Link::Direct(c) => c.req_packed_command(cmd),
         }
     }
 
@@ -52,6 +56,7 @@ impl ConnectionLike for Link {
         match self {
             Link::Node(c) => c.req_packed_commands(pipeline, offset, count),
             Link::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            Link::Direct(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
 
@@ -59,6 +64,7 @@ impl ConnectionLike for Link {
         match self {
             Link::Node(c) => c.get_db(),
             Link::Cluster(c) => c.get_db(),
+            Link::Direct(c) => c.get_db(),
         }
     }
 }
@@ -68,6 +74,9 @@ pub(super) struct Current {
     links: Box<[Link]>,
     /// Servers to subscribe to for settle notifications, tried in turn.
     notify: Vec<redis::Client>,
+    /// Connections one call holds at a time, for writes that wait for replicas; `None` while
+    /// Sentinel has not named a primary.
+    exclusive: Option<Arc<Exclusive>>,
 }
 
 /// The store's links; cheap to clone.
@@ -149,7 +158,7 @@ impl Links {
                     .collect::<Result<Vec<_>, _>>()?;
                 let access = NodeAccess { scheme, auth, certs };
                 let sentinels = Sentinels { clients: sentinels, access, master, count, timeout };
-                (Current { links: Box::new([]), notify: Vec::new() }, false, Some(sentinels))
+                (Current { links: Box::new([]), notify: Vec::new(), exclusive: None }, false, Some(sentinels))
             }
             Target::Cluster { seeds, tls, auth } => {
                 let auth = with_password(auth, password);
@@ -198,12 +207,7 @@ impl Links {
     /// names it), with that address.
     pub async fn node(&self, address: &str) -> Result<(String, MultiplexedConnection), StoreError> {
         let nodes = self.nodes.as_ref().ok_or_else(|| StoreError::Migrating("ASK outside a Cluster".into()))?;
-        let parsed = address
-            .rsplit_once(':')
-            .and_then(|(host, port)| {
-                Some(Address { host: host.trim_matches(['[', ']']).to_owned(), port: port.parse().ok()? })
-            })
-            .ok_or_else(|| StoreError::Protocol(format!("a redirection to {address:?}")))?;
+        let parsed = parse_address(address)?;
         let key = address.to_owned();
         let known = nodes.connections.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&key).cloned();
         if let Some(conn) = known {
@@ -231,6 +235,25 @@ impl Links {
         }
         let i = self.next.fetch_add(1, Ordering::Relaxed) % current.links.len();
         Ok(current.links[i].clone())
+    }
+
+    /// A connection of its own for one call, to where the links lead now (see `replicas`); an
+    /// error while Sentinel has not named a primary yet.
+    pub async fn exclusive(&self) -> Result<Held, StoreError> {
+        let pool = self.current.load().exclusive.clone();
+        match pool {
+            Some(pool) => pool.take().await,
+            None => Err(StoreError::Unavailable("the Sentinels have not named a primary yet".into())),
+        }
+    }
+
+    /// A new connection to the Cluster node at `address`, for one call that must not share it
+    /// (a write that waits for replicas, redirected by ASK); closed when dropped.
+    pub async fn node_alone(&self, address: &str) -> Result<MultiplexedConnection, StoreError> {
+        let nodes = self.nodes.as_ref().ok_or_else(|| StoreError::Migrating("ASK outside a Cluster".into()))?;
+        let client = nodes.access.client(&parse_address(address)?)?;
+        let config = redis::AsyncConnectionConfig::new().set_connection_timeout(Some(nodes.timeout));
+        client.get_multiplexed_async_connection_with_config(&config).await.map_err(unavailable)
     }
 
     /// Whether the links lead to a Redis Cluster.
@@ -283,7 +306,8 @@ pub(super) fn node_links(client: redis::Client, count: usize, timeout: Duration)
         .map(|_| ConnectionManager::new_lazy_with_config(client.clone(), config.clone()).map(Link::Node))
         .collect::<Result<Vec<_>, _>>()
         .map_err(unavailable)?;
-    Ok(Current { links: links.into(), notify: vec![client] })
+    let exclusive = Some(Exclusive::node(client.clone(), timeout));
+    Ok(Current { links: links.into(), notify: vec![client], exclusive })
 }
 
 fn cluster_links(
@@ -313,10 +337,22 @@ fn cluster_links(
     // calls fail with a store error until they are.
     let config = redis::cluster::ClusterConfig::new().set_connection_timeout(timeout);
     let links = (0..count).map(|_| Link::Cluster(client.get_pending_async_connection_with_config(config.clone())));
+    let links: Box<[Link]> = links.collect();
+    let exclusive = Some(Exclusive::cluster(client, timeout));
     // A PUBLISH on any cluster node reaches the subscribers of every node (over the cluster
     // bus), so one subscription to any seed hears the whole cluster.
     let notify = urls.iter().map(|url| node_client(url, auth, certs.clone())).collect::<Result<Vec<_>, _>>()?;
-    Ok(Current { links: links.collect(), notify })
+    Ok(Current { links, notify, exclusive })
+}
+
+/// A redirection's `host:port` (an IPv6 host in brackets).
+fn parse_address(address: &str) -> Result<Address, StoreError> {
+    address
+        .rsplit_once(':')
+        .and_then(|(host, port)| {
+            Some(Address { host: host.trim_matches(['[', ']']).to_owned(), port: port.parse().ok()? })
+        })
+        .ok_or_else(|| StoreError::Protocol(format!("a redirection to {address:?}")))
 }
 
 fn node_client(url: &str, auth: &Auth, certs: Option<TlsCertificates>) -> Result<redis::Client, StoreError> {

@@ -18,7 +18,9 @@
 //! flag on the record, and the owner's complete/release script publishes the key name on the
 //! gateway's channel only when that flag is set, so uncontended keys cost nothing (see
 //! `notify`). Where Redis is and how connections follow it is `links` (through a Sentinel
-//! failover, `sentinel`); data-loss detection is `epoch`; the scripts and their loading are
+//! failover, `sentinel`); writes that replicas must hold before the gateway relies on them
+//! (`[store] replica_acks`), `replicas`; data-loss detection is `epoch`, and the recent keys
+//! it names, `journal`; the scripts and their loading are
 //! `scripts`; what one round trip sends and how its reply is read, `round_trip`; one call's
 //! way there and back (NOSCRIPT, MOVED, ASK, the timeout), `transport`. The roles read as the
 //! state machine: the key's life and its lookups in `lifecycle`, an operator's calls and the
@@ -26,11 +28,13 @@
 
 mod engine;
 mod epoch;
+mod journal;
 mod layout;
 mod lifecycle;
 mod links;
 mod notify;
 mod operator;
+mod replicas;
 mod round_trip;
 mod scripts;
 mod sentinel;
@@ -38,4 +42,5 @@ mod settings;
 mod transport;
 
 pub use self::engine::RedisStore;
-pub use self::settings::{Persistence, Settings, Severity};
+pub use self::replicas::ReplicaMetrics;
+pub use self::settings::{Acks, Persistence, Settings, Severity};

@@ -9,42 +9,91 @@ use super::links::Link;
 use crate::store::error::StoreError;
 use crate::store::record::StoredResponse;
 
-/// One command or a pipeline: what one round trip sends.
-pub(super) enum Request {
+/// What one round trip sends: one command or a pipeline, and behind it, when the write must
+/// be held by replicas, a `WAIT` on the same connection.
+pub(super) struct Request {
+    body: Body,
+    /// `WAIT numreplicas timeout`, sent behind the body in the same pipeline (see
+    /// `replicas`): the reply then ends with the number of replicas that acknowledged.
+    wait: Option<Cmd>,
+}
+
+enum Body {
     One(Cmd),
     Pipeline(redis::Pipeline),
 }
 
 impl From<Cmd> for Request {
     fn from(cmd: Cmd) -> Self {
-        Self::One(cmd)
+        Self { body: Body::One(cmd), wait: None }
     }
 }
 
 impl From<redis::Pipeline> for Request {
     fn from(pipe: redis::Pipeline) -> Self {
-        Self::Pipeline(pipe)
+        Self { body: Body::Pipeline(pipe), wait: None }
     }
 }
 
 impl Request {
+    /// This request with `WAIT replicas timeout` behind it: its reply is then an array of the
+    /// body's replies (those not ignored) and the count of replicas that acknowledged.
+    pub fn waiting(mut self, wait: Option<&Cmd>) -> Self {
+        self.wait = wait.cloned();
+        self
+    }
+
+    /// Whether a `WAIT` rides behind the body.
+    pub fn waits(&self) -> bool {
+        self.wait.is_some()
+    }
+
+    /// Whether the body is a pipeline (its reply an array), not one command.
+    pub fn is_pipeline(&self) -> bool {
+        matches!(self.body, Body::Pipeline(_))
+    }
+
+    /// The `WAIT` behind the body, if any.
+    pub fn wait(&self) -> Option<&Cmd> {
+        self.wait.as_ref()
+    }
+
     pub async fn send<T: FromRedisValue>(&self, conn: &mut Link) -> redis::RedisResult<T> {
-        match self {
-            Self::One(cmd) => cmd.query_async(conn).await,
-            Self::Pipeline(pipe) => pipe.query_async(conn).await,
+        match (&self.body, &self.wait) {
+            (Body::One(cmd), None) => cmd.query_async(conn).await,
+            (Body::Pipeline(pipe), None) => pipe.query_async(conn).await,
+            // In one pipeline, so that nothing can come between the write and its WAIT, and a
+            // connection that breaks between them fails the whole (a WAIT on a connection that
+            // reconnected would count replicas of no write at all).
+            (Body::One(cmd), Some(wait)) => {
+                let mut pipe = redis::pipe();
+                pipe.add_command(cmd.clone()).add_command(wait.clone());
+                pipe.query_async(conn).await
+            }
+            (Body::Pipeline(pipe), Some(wait)) => {
+                let mut pipe = pipe.clone();
+                pipe.add_command(wait.clone());
+                pipe.query_async(conn).await
+            }
         }
     }
 
     /// Sends a command to the node a Cluster redirected it to with ASK: `ASKING` and the
-    /// command in one pipeline, so that nothing else on the connection can come between the
-    /// two and take the one-time permission. (A pipeline is not followed: the store's only
-    /// pipeline touches two keys, which a migrating slot may hold apart; its caller falls
-    /// back to a one-key call.)
+    /// command (and its `WAIT`) in one pipeline, so that nothing else on the connection can
+    /// come between the two and take the one-time permission. (A pipeline is not followed:
+    /// the store's only pipeline touches two keys, which a migrating slot may hold apart; its
+    /// caller falls back to a one-key call.)
     pub async fn asking<T: FromRedisValue>(&self, conn: &mut MultiplexedConnection) -> Option<redis::RedisResult<T>> {
-        let Self::One(cmd) = self else { return None };
+        let Body::One(cmd) = &self.body else { return None };
         let mut pipe = redis::pipe();
         pipe.cmd("ASKING").ignore().add_command(cmd.clone());
-        Some(pipe.query_async::<(T,)>(conn).await.map(|(value,)| value))
+        match &self.wait {
+            None => Some(pipe.query_async::<(T,)>(conn).await.map(|(value,)| value)),
+            Some(wait) => {
+                pipe.add_command(wait.clone());
+                Some(pipe.query_async::<T>(conn).await)
+            }
+        }
     }
 }
 

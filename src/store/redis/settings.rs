@@ -9,6 +9,7 @@
 
 use redis::Value;
 
+use super::replicas::Replicas;
 use super::transport::Transport;
 
 /// Redis's settings that decide whether records last their retention.
@@ -20,6 +21,20 @@ pub struct Settings {
     pub persistence: Option<Persistence>,
     /// Replicas connected to the node (`INFO replication`), if readable.
     pub replicas: Option<u64>,
+    /// What `[store] replica_acks` asks for, and how many replicas acknowledged a probe write
+    /// within `replica_ack_timeout` (or why the probe failed); `None` when nothing is asked.
+    pub acks: Option<Acks>,
+}
+
+/// `replica_acks` against what the store gives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Acks {
+    /// `replica_acks`.
+    pub wanted: u32,
+    /// Replicas that acknowledged a probe write in time, or why it could not be asked.
+    pub acknowledged: Result<i64, String>,
+    /// The primary's `min-replicas-to-write`, if readable.
+    pub min_replicas_to_write: Option<u64>,
 }
 
 /// How a node keeps its data across a restart.
@@ -73,6 +88,17 @@ impl Settings {
                 ),
             )),
         }
+        if let Some(acks) = &self.acks {
+            out.extend(acks.findings());
+        } else if self.replicas == Some(0) {
+            out.push((
+                Severity::Warning,
+                "the primary has no replicas: losing that server loses every record not persisted, and with \
+                 replicas a failover forgets what they had not received yet ([store] replica_acks makes the \
+                 gateway wait for them)"
+                    .to_owned(),
+            ));
+        }
         if let Some(Persistence { aof: Some(None), rdb: Some(false) }) = &self.persistence {
             out.push((
                 Severity::Warning,
@@ -98,13 +124,59 @@ impl Settings {
             _ => "persistence unknown".to_owned(),
         };
         let replicas = self.replicas.map_or_else(|| "replicas unknown".to_owned(), |n| format!("{n} replicas"));
-        format!("{eviction}; {persistence}; {replicas}")
+        let acks = match &self.acks {
+            None => String::new(),
+            Some(Acks { wanted, acknowledged: Ok(n), .. }) => format!("; replica_acks {wanted}: {n} acknowledged"),
+            Some(Acks { wanted, acknowledged: Err(_), .. }) => {
+                format!("; replica_acks {wanted}: acknowledgements unknown")
+            }
+        };
+        format!("{eviction}; {persistence}; {replicas}{acks}")
+    }
+}
+
+impl Acks {
+    fn findings(&self) -> Vec<(Severity, String)> {
+        let mut out = Vec::new();
+        match &self.acknowledged {
+            Ok(n) if *n < i64::from(self.wanted) => out.push((
+                Severity::Error,
+                format!(
+                    "replica_acks is {} but {n} replicas acknowledged a write within replica_ack_timeout: every \
+                     claim is given back and its request refused (503 store-unavailable on fail-closed routes) \
+                     until {} do",
+                    self.wanted, self.wanted
+                ),
+            )),
+            Ok(_) => {}
+            Err(why) => out.push((
+                Severity::Warning,
+                format!(
+                    "cannot ask the replicas to acknowledge a write ({why}): replica_acks {} may refuse every claim",
+                    self.wanted
+                ),
+            )),
+        }
+        if self.min_replicas_to_write == Some(0) {
+            out.push((
+                Severity::Warning,
+                format!(
+                    "min-replicas-to-write is 0 on the primary: setting it to {} (with min-replicas-max-lag) makes \
+                     a primary cut off from its replicas refuse writes at once, instead of taking each claim \
+                     and having the gateway give it back after replica_ack_timeout",
+                    self.wanted
+                ),
+            ));
+        }
+        out
     }
 }
 
 /// Reads the settings of the node the store reaches. Each part that Redis refuses (a managed
 /// service that disables `CONFIG`, an ACL) is left unknown; nothing here fails.
-pub(super) async fn read(store: &Transport) -> Settings {
+/// `probe` is a write (to a key of the store's own) that replicas are asked to acknowledge
+/// when `replica_acks` is set: a real write and its `WAIT`, as a claim would make.
+pub(super) async fn read(store: &Transport, replicas: &Replicas, probe: &str) -> Settings {
     let config = |name: &'static str| async move {
         let mut cmd = redis::cmd("CONFIG");
         cmd.arg("GET").arg(name);
@@ -143,8 +215,26 @@ pub(super) async fn read(store: &Transport) -> Settings {
     };
     let rdb = config("save").await.ok().map(|save| !save.trim().is_empty());
     let persistence = Some(Persistence { aof, rdb }).filter(|p| p.aof.is_some() || p.rdb.is_some());
-    let replicas = info("replication").await.and_then(|text| field(&text, "connected_slaves")?.parse().ok());
-    Settings { eviction, persistence, replicas }
+    let connected = info("replication").await.and_then(|text| field(&text, "connected_slaves")?.parse().ok());
+    let acks = match replicas.wait() {
+        None => None,
+        Some(wait) => {
+            let mut set = redis::cmd("SET");
+            set.arg(probe).arg("replica-ack-probe").arg("PX").arg(60_000);
+            let acknowledged = match store.query_waiting(set, None, wait, replicas.timeout()).await {
+                Ok((_, got, held)) => {
+                    if got >= i64::from(replicas.count()) {
+                        held.give_back();
+                    }
+                    Ok(got)
+                }
+                Err(e) => Err(e.to_string()),
+            };
+            let min_replicas_to_write = config("min-replicas-to-write").await.ok().and_then(|n| n.parse().ok());
+            Some(Acks { wanted: replicas.count(), acknowledged, min_replicas_to_write })
+        }
+    };
+    Settings { eviction, persistence, replicas: connected, acks }
 }
 
 fn text(value: &Value) -> Option<String> {
@@ -165,6 +255,7 @@ mod tests {
             eviction: Ok((policy.to_owned(), max)),
             persistence: Some(Persistence { aof: Some(Some("always".into())), rdb: Some(false) }),
             replicas: Some(1),
+            acks: None,
         }
     }
 
@@ -181,7 +272,7 @@ mod tests {
 
     #[test]
     fn what_cannot_be_read_is_a_warning_and_nothing_persisted_is_one_too() {
-        let refused = Settings { eviction: Err("NOPERM".into()), persistence: None, replicas: None };
+        let refused = Settings { eviction: Err("NOPERM".into()), persistence: None, replicas: None, acks: None };
         let findings = refused.findings();
         assert_eq!(findings.len(), 1);
         assert_eq!(findings[0].0, Severity::Warning);

@@ -7,8 +7,12 @@
 
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use prometheus_client::metrics::counter::Counter;
 use redis::{Cmd, ErrorKind, FromRedisValue, RedisResult, ServerErrorKind, Value};
+
+use super::replicas::Held;
 
 use super::links::{Link, Links, unavailable};
 use super::round_trip::Request;
@@ -52,34 +56,74 @@ impl Transport {
         let request = request.into();
         let call = async {
             let mut conn = self.links.pick()?;
-            let mut result = self.send(&request, &mut conn, on_noscript).await;
-            // A Cluster's redirections, which its client leaves to us (see `links`): after
-            // MOVED it knows the slot's new node, so the call goes again (and the new node may
-            // not have the script yet); after ASK the call goes to the node named, for this
-            // one call.
-            match result.as_ref().err().map(|e| (e.kind(), e.redirect_node())) {
-                Some((ErrorKind::Server(ServerErrorKind::Moved), _)) => {
-                    result = self.send(&request, &mut conn, on_noscript).await;
-                }
-                // `redirect_node` is the node's "host:port" and the slot. Boxed: making a
-                // connection is a large future, and inline it would swell every store call's
-                // (and so every request's) state for a path taken only during migrations.
-                Some((ErrorKind::Server(ServerErrorKind::Ask), Some((address, _slot)))) => {
-                    if let Some(followed) = Box::pin(self.asking(&request, address, on_noscript)).await? {
-                        result = followed;
-                    }
-                }
-                _ => {}
-            }
-            if let Err(e) = &result {
-                // A demoted primary answers READONLY; a dead one breaks the connection.
-                if e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly) || e.is_io_error() {
-                    self.links.report_trouble();
-                }
-            }
-            result.map_err(unavailable)
+            self.exchange(&request, &mut conn, on_noscript).await
         };
         tokio::time::timeout(self.timeout, call).await.map_err(|_| StoreError::Timeout(self.timeout))?
+    }
+
+    /// Runs `request` with `wait` (`WAIT n timeout`) behind it, in one pipeline on a
+    /// connection of its own (see `replicas`), within the store timeout plus the wait's:
+    /// the body's replies (those not ignored), how many replicas acknowledged, and the
+    /// connection, to give back or to go on waiting on.
+    pub(super) async fn query_waiting(
+        &self,
+        request: impl Into<Request>,
+        on_noscript: OnNoscript<'_>,
+        wait: &Cmd,
+        wait_timeout: Duration,
+    ) -> Result<(Vec<Value>, i64, Held), StoreError> {
+        let request = request.into().waiting(Some(wait));
+        let deadline = self.timeout + wait_timeout;
+        let call = async {
+            let mut held = self.links.exclusive().await?;
+            // The connection is dropped (closed) on any error: its last write is unknown.
+            let reply: Value = self.exchange(&request, held.link(), on_noscript).await?;
+            let Value::Array(mut replies) = reply else {
+                return Err(StoreError::Protocol(format!("a write and its WAIT answered {reply:?}")));
+            };
+            let acks = match replies.pop() {
+                Some(Value::Int(n)) => n,
+                other => return Err(StoreError::Protocol(format!("WAIT answered {other:?}"))),
+            };
+            Ok((replies, acks, held))
+        };
+        tokio::time::timeout(deadline, call).await.map_err(|_| StoreError::Timeout(deadline))?
+    }
+
+    /// One call on `conn` and its way there: the NOSCRIPT fallback, a Cluster's
+    /// redirections, and the trouble a demoted or dead primary reports.
+    async fn exchange<T: FromRedisValue>(
+        &self,
+        request: &Request,
+        conn: &mut Link,
+        on_noscript: OnNoscript<'_>,
+    ) -> Result<T, StoreError> {
+        let mut result = self.send(request, conn, on_noscript).await;
+        // A Cluster's redirections, which its client leaves to us (see `links`): after
+        // MOVED it knows the slot's new node, so the call goes again (and the new node may
+        // not have the script yet); after ASK the call goes to the node named, for this
+        // one call.
+        match result.as_ref().err().map(|e| (e.kind(), e.redirect_node())) {
+            Some((ErrorKind::Server(ServerErrorKind::Moved), _)) => {
+                result = self.send(request, conn, on_noscript).await;
+            }
+            // `redirect_node` is the node's "host:port" and the slot. Boxed: making a
+            // connection is a large future, and inline it would swell every store call's
+            // (and so every request's) state for a path taken only during migrations.
+            Some((ErrorKind::Server(ServerErrorKind::Ask), Some((address, _slot)))) => {
+                if let Some(followed) = Box::pin(self.asking(request, address, on_noscript)).await? {
+                    result = followed;
+                }
+            }
+            _ => {}
+        }
+        if let Err(e) = &result {
+            // A demoted primary answers READONLY; a dead one breaks the connection.
+            if e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly) || e.is_io_error() {
+                self.links.report_trouble();
+            }
+        }
+        result.map_err(unavailable)
     }
 
     /// Sends `request` on `conn`, and `on_noscript()` once if it meets NOSCRIPT: the one
@@ -94,7 +138,8 @@ impl Transport {
         match (request.send(conn).await, on_noscript) {
             (Err(e), Some(eval)) if is_noscript(&e) => {
                 self.commands.inc();
-                eval().send(conn).await
+                // By the script's text, with the same WAIT behind it.
+                eval().waiting(request.wait()).send(conn).await
             }
             (result, _) => result,
         }
@@ -102,27 +147,34 @@ impl Transport {
 
     /// Sends `request` to the node an ASK redirection named (see [`Request::asking`]), and by
     /// the script's text if that node lacks the script. `None` for a request that cannot be
-    /// redirected this way.
+    /// redirected this way. A request that waits for replicas goes on a connection of its own
+    /// (a `WAIT` would block the shared one), made for it and closed after.
     async fn asking<T: FromRedisValue>(
         &self,
         request: &Request,
         address: &str,
         on_noscript: OnNoscript<'_>,
     ) -> Result<Option<RedisResult<T>>, StoreError> {
-        let (address, mut conn) = self.links.node(address).await?;
+        let (shared, mut conn) = match request.waits() {
+            false => {
+                let (address, conn) = self.links.node(address).await?;
+                (Some(address), conn)
+            }
+            true => (None, self.links.node_alone(address).await?),
+        };
         self.commands.inc();
         let Some(first) = request.asking(&mut conn).await else { return Ok(None) };
         let result = match (first, on_noscript) {
             (Err(e), Some(eval)) if is_noscript(&e) => {
                 self.commands.inc();
-                match eval().asking(&mut conn).await {
+                match eval().waiting(request.wait()).asking(&mut conn).await {
                     Some(result) => result,
                     None => return Ok(None),
                 }
             }
             (result, _) => result,
         };
-        if result.as_ref().is_err_and(redis::RedisError::is_io_error) {
+        if let Some(address) = shared.filter(|_| result.as_ref().is_err_and(redis::RedisError::is_io_error)) {
             self.links.forget_node(&address);
         }
         Ok(Some(result))
@@ -144,6 +196,19 @@ impl Transport {
         extra: usize,
         args: impl Fn(&mut Cmd) + Sync,
     ) -> Result<Value, StoreError> {
+        Ok(self.eval_write(lua, keys, extra, args, None).await?.0)
+    }
+
+    /// [`eval_sized`](Self::eval_sized), and with `wait` a write that replicas must hold:
+    /// see [`write`](Self::write).
+    pub(super) async fn eval_write(
+        &self,
+        lua: &Lua,
+        keys: &[&str],
+        extra: usize,
+        args: impl Fn(&mut Cmd) + Sync,
+        wait: Option<(&Cmd, Duration)>,
+    ) -> Result<(Value, Option<Ack>), StoreError> {
         let call = |verb: &str, script: &str| {
             let mut cmd = Cmd::with_capacity(keys.len() + 8, extra + 128);
             cmd.arg(verb);
@@ -154,8 +219,42 @@ impl Transport {
             args(&mut cmd);
             cmd
         };
-        self.query(call("EVALSHA", lua.script.get_hash()), Some(&|| call("EVAL", lua.code).into())).await
+        let eval = || call("EVAL", lua.code).into();
+        self.write(call("EVALSHA", lua.script.get_hash()).into(), Some(&eval), wait).await
     }
+
+    /// A write the promise rests on. Without `wait`, as [`query`](Self::query); with it
+    /// (`WAIT n timeout` and the timeout), followed by that `WAIT` on a connection of its own
+    /// (see `replicas`): its reply (for a pipeline, the array of the replies not ignored) and
+    /// what the replicas said.
+    pub(super) async fn write(
+        &self,
+        request: Request,
+        on_noscript: OnNoscript<'_>,
+        wait: Option<(&Cmd, Duration)>,
+    ) -> Result<(Value, Option<Ack>), StoreError> {
+        let Some((wait, wait_timeout)) = wait else {
+            return Ok((self.query(request, on_noscript).await?, None));
+        };
+        let one = !request.is_pipeline();
+        let sent = Instant::now();
+        let (mut replies, got, held) = self.query_waiting(request, on_noscript, wait, wait_timeout).await?;
+        let took = sent.elapsed();
+        let reply = match (one, replies.pop()) {
+            (true, Some(reply)) if replies.is_empty() => reply,
+            (true, other) => return Err(StoreError::Protocol(format!("a write answered {other:?} and more"))),
+            (false, last) => Value::Array(replies.into_iter().chain(last).collect()),
+        };
+        Ok((reply, Some(Ack { got, held, took })))
+    }
+}
+
+/// What the replicas said of a write: how many acknowledged it, and how long the write and
+/// its wait took; with the connection it went on, to give back or to go on waiting on.
+pub(super) struct Ack {
+    pub got: i64,
+    pub held: Held,
+    pub took: Duration,
 }
 
 fn is_noscript(e: &redis::RedisError) -> bool {

@@ -15,7 +15,8 @@
 --
 -- The same settle may be sent again: a try whose reply was lost may have been applied. A
 -- record this owner already settled with this outcome answers 1 again, so that the gateway
--- tells a try that landed from a takeover, which it must count and log.
+-- tells a try that landed from a takeover, which it must count and log; its expiry is set
+-- again, so that the repeat is a write a WAIT behind it can cover.
 --
 -- Reply: 1 settled (now or by an earlier try), 0 lost (another owner's claim or outcome, a
 -- purge, an expiry)
@@ -35,6 +36,10 @@ if not v or string.sub(v, STATE, STATE) ~= 'p' or string.sub(v, OWNER_FROM, OWNE
       by = string.sub(v, RESPONSE_FROM + 26, RESPONSE_FROM + 41)
     end
     if by == ARGV[1] then
+      -- Written again (its expiry, to the same retention) so that a repeat is a write too:
+      -- a WAIT behind it on a new connection then covers the first try, which replication
+      -- carried before it (see replicas.rs).
+      redis.call('PEXPIRE', key, ARGV[4])
       return 1
     end
   end
