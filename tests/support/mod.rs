@@ -13,6 +13,7 @@ pub mod process;
 pub mod proxy;
 pub mod raw_upstream;
 pub mod redis;
+pub mod replication_link;
 pub mod sentinel;
 pub mod upstream;
 
