@@ -7,6 +7,7 @@ pub mod client;
 pub mod cluster;
 pub mod gateway;
 pub mod gateway_proc;
+pub mod lagged_sentinel;
 pub mod pki;
 pub mod previous;
 pub mod process;
