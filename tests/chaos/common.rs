@@ -21,8 +21,25 @@ pub struct Report {
     pub note: String,
 }
 
+tokio::task_local! {
+    /// Why the running scenario was skipped, if it was: set by [`skip`], read by the runner.
+    pub static SKIPPED: std::cell::RefCell<Option<String>>;
+}
+
+/// Says that the running scenario cannot run on this build, and why: the runner reports it as
+/// skipped (ignored in the summary), not as passed. Returns the empty report to return.
+pub fn skip(why: impl Into<String>) -> Report {
+    SKIPPED.with(|s| *s.borrow_mut() = Some(why.into()));
+    Report::default()
+}
+
 /// A gateway config on port 0 with the given routes, all forwarding to `upstream`.
 pub fn gateway_toml(redis_url: &str, upstream: SocketAddr, key_prefix: &str, routes: &str) -> String {
+    gateway_toml_with(redis_url, upstream, key_prefix, "", routes)
+}
+
+/// [`gateway_toml`] with extra `[store]` lines.
+pub fn gateway_toml_with(redis_url: &str, upstream: SocketAddr, key_prefix: &str, store: &str, routes: &str) -> String {
     format!(
         r#"
 [server]
@@ -35,6 +52,7 @@ backend = "redis"
 url = "{redis_url}"
 key_prefix = "{key_prefix}"
 timeout = "500ms"
+{store}
 
 [upstreams.ledger]
 url = "http://{upstream}"

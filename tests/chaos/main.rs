@@ -18,6 +18,7 @@ mod common;
 mod ledger;
 mod scenarios;
 
+use std::cell::RefCell;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,6 +27,8 @@ use tokio::sync::Semaphore;
 
 /// A scenario must finish within this, or it fails.
 const SCENARIO_LIMIT: Duration = Duration::from_secs(180);
+/// The verdict of a scenario this build cannot run (see `common::skip`).
+const SKIPPED: &str = "skipped";
 
 fn main() -> ExitCode {
     let filters: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
@@ -55,11 +58,18 @@ fn main() -> ExitCode {
                     let _lane = permits.acquire_owned().await.expect("the semaphore is never closed");
                     eprintln!("chaos: {name} ...");
                     let started = Instant::now();
-                    let outcome = tokio::spawn(tokio::time::timeout(SCENARIO_LIMIT, scenario())).await;
+                    let run = common::SKIPPED.scope(RefCell::new(None), async move {
+                        let report = tokio::time::timeout(SCENARIO_LIMIT, scenario()).await;
+                        (report, common::SKIPPED.with(|s| s.borrow_mut().take()))
+                    });
+                    let outcome = tokio::spawn(run).await;
                     let seconds = started.elapsed().as_secs_f64();
                     let (report, verdict) = match outcome {
-                        Ok(Ok(report)) => (report, "pass".to_owned()),
-                        Ok(Err(_)) => (common::Report::default(), format!("FAIL: over {}s", SCENARIO_LIMIT.as_secs())),
+                        Ok((Ok(report), None)) => (report, "pass".to_owned()),
+                        Ok((Ok(report), Some(why))) => (report, format!("{SKIPPED}: {why}")),
+                        Ok((Err(_), _)) => {
+                            (common::Report::default(), format!("FAIL: over {}s", SCENARIO_LIMIT.as_secs()))
+                        }
                         Err(failed) => (common::Report::default(), format!("FAIL: {}", failure_message(failed))),
                     };
                     eprintln!("chaos: {name}: {verdict} ({seconds:.1}s)");
@@ -75,12 +85,13 @@ fn main() -> ExitCode {
     });
     print_table(&rows);
     let passed = rows.iter().filter(|(_, _, verdict, _)| verdict == "pass").count();
-    let failed = rows.len() - passed;
+    let ignored = rows.iter().filter(|(_, _, verdict, _)| verdict.starts_with(SKIPPED)).count();
+    let failed = rows.len() - passed - ignored;
     let filtered = scenarios::ALL.len() - rows.len();
     let seconds = began.elapsed().as_secs_f64();
     // libtest's summary line, so that whatever sums cargo's summaries counts these too.
     println!(
-        "test result: {}. {passed} passed; {failed} failed; 0 ignored; 0 measured; {filtered} filtered out; finished in {seconds:.2}s",
+        "test result: {}. {passed} passed; {failed} failed; {ignored} ignored; 0 measured; {filtered} filtered out; finished in {seconds:.2}s",
         if failed == 0 { "ok" } else { "FAILED" }
     );
     if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }

@@ -97,6 +97,18 @@ impl GatewayProc {
         Self { addr, admin, child, log, _dir: dir }
     }
 
+    /// `idemgate check` on `toml`: Ok when the binary accepts it, else what it printed.
+    pub fn check(toml: &str) -> Result<(), String> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gateway.toml");
+        std::fs::write(&path, toml).unwrap();
+        let out = Command::new(binary()).arg("check").arg("--config").arg(&path).output().expect("run idemgate check");
+        match out.status.success() {
+            true => Ok(()),
+            false => Err(format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))),
+        }
+    }
+
     /// The configuration file the gateway reads (and re-reads on reload).
     pub fn config_path(&self) -> std::path::PathBuf {
         self._dir.path().join("gateway.toml")
