@@ -23,6 +23,11 @@ pub struct Report {
 
 /// A gateway config on port 0 with the given routes, all forwarding to `upstream`.
 pub fn gateway_toml(redis_url: &str, upstream: SocketAddr, key_prefix: &str, routes: &str) -> String {
+    gateway_toml_with(redis_url, upstream, key_prefix, "", routes)
+}
+
+/// [`gateway_toml`] with extra `[store]` lines.
+pub fn gateway_toml_with(redis_url: &str, upstream: SocketAddr, key_prefix: &str, store: &str, routes: &str) -> String {
     format!(
         r#"
 [server]
@@ -35,6 +40,7 @@ backend = "redis"
 url = "{redis_url}"
 key_prefix = "{key_prefix}"
 timeout = "500ms"
+{store}
 
 [upstreams.ledger]
 url = "http://{upstream}"

@@ -7,12 +7,14 @@ pub mod client;
 pub mod cluster;
 pub mod gateway;
 pub mod gateway_proc;
+pub mod lagged_sentinel;
 pub mod pki;
 pub mod previous;
 pub mod process;
 pub mod proxy;
 pub mod raw_upstream;
 pub mod redis;
+pub mod replication_link;
 pub mod sentinel;
 pub mod upstream;
 

@@ -135,7 +135,13 @@ impl RedisServer {
     /// matters: a primary takes a new replication ID when its first replica attaches, which
     /// a gateway that had already seen the old one would rightly report as a failover.
     pub fn replicate(&self, primary: &RedisServer) {
-        let _: () = ::redis::cmd("REPLICAOF").arg("127.0.0.1").arg(primary.port).query(&mut self.connection()).unwrap();
+        self.replicate_at(primary.port);
+    }
+
+    /// Makes this server a replica of whatever answers on loopback `port` (a primary, or a
+    /// proxy in front of one) and waits until the link is up.
+    pub fn replicate_at(&self, port: u16) {
+        let _: () = ::redis::cmd("REPLICAOF").arg("127.0.0.1").arg(port).query(&mut self.connection()).unwrap();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
         loop {
             let info: String = ::redis::cmd("INFO").arg("replication").query(&mut self.connection()).unwrap();
@@ -145,6 +151,17 @@ impl RedisServer {
             assert!(std::time::Instant::now() < deadline, "the replica never linked to its primary: {info}");
             std::thread::sleep(std::time::Duration::from_millis(20));
         }
+    }
+
+    /// One field of its `INFO replication`, None when it does not answer.
+    pub fn replication(&self, name: &str) -> Option<String> {
+        info_field(&self.reach, self.port, "replication", name)
+    }
+
+    /// How far into the replication stream it is: what a primary has written, or what a
+    /// replica has applied (`master_repl_offset` is both).
+    pub fn replication_offset(&self) -> Option<u64> {
+        self.replication("master_repl_offset")?.parse().ok()
     }
 
     /// Promotes this replica to a primary, as a failover does.

@@ -172,35 +172,45 @@ impl SentinelSet {
     /// way, and each knows the replica and the two other Sentinels, all healthy.
     fn wait_settled(&self, primary: usize, timeout: Duration) {
         let (primary, replica) = (self.servers[primary].port, self.servers[1 - primary].port);
-        wait_for(timeout, "the Sentinels to agree on the primary, its replica and each other", || {
-            for s in &self.sentinels {
-                let addr = s.master_addr(&self.name);
-                if addr != Some(primary) {
-                    return Err(format!("Sentinel {} reports the primary at {addr:?}, not {primary}", s.port));
-                }
-                let master = s.query::<Vec<String>>(::redis::cmd("SENTINEL").arg("MASTER").arg(&self.name));
-                let master = master.map(|m| pairs(&m)).map_err(|e| e.to_string())?;
-                let flags = field(&master, "flags");
-                if flags != "master" {
-                    return Err(format!("Sentinel {} flags the primary {flags:?}", s.port));
-                }
-                let replicas = s.entries("REPLICAS", &self.name)?;
-                if !replicas.iter().any(|r| field(r, "port") == replica.to_string() && healthy(r)) {
-                    return Err(format!("Sentinel {} does not know replica {replica} healthy: {replicas:?}", s.port));
-                }
-                let peers = s.entries("SENTINELS", &self.name)?;
-                if peers.iter().filter(|p| healthy(p)).count() != 2 {
-                    return Err(format!("Sentinel {} does not know both others healthy: {peers:?}", s.port));
-                }
-            }
-            Ok(())
-        });
+        wait_agreed(&self.sentinels, &self.name, primary, replica, timeout);
     }
 }
 
+/// Waits until every Sentinel reports `primary` as the primary of `name`, no failover is under
+/// way, and each knows `replica` and the two other Sentinels, all healthy.
+pub(super) fn wait_agreed(sentinels: &[Sentinel], name: &str, primary: u16, replica: u16, timeout: Duration) {
+    wait_for(timeout, "the Sentinels to agree on the primary, its replica and each other", || {
+        for s in sentinels {
+            let addr = s.master_addr(name);
+            if addr != Some(primary) {
+                return Err(format!("Sentinel {} reports the primary at {addr:?}, not {primary}", s.port));
+            }
+            let master = s.query::<Vec<String>>(::redis::cmd("SENTINEL").arg("MASTER").arg(name));
+            let master = master.map(|m| pairs(&m)).map_err(|e| e.to_string())?;
+            let flags = field(&master, "flags");
+            if flags != "master" {
+                return Err(format!("Sentinel {} flags the primary {flags:?}", s.port));
+            }
+            let replicas = s.entries("REPLICAS", name)?;
+            if !replicas.iter().any(|r| field(r, "port") == replica.to_string() && healthy(r)) {
+                return Err(format!("Sentinel {} does not know replica {replica} healthy: {replicas:?}", s.port));
+            }
+            let peers = s.entries("SENTINELS", name)?;
+            if peers.iter().filter(|p| healthy(p)).count() != 2 {
+                return Err(format!("Sentinel {} does not know both others healthy: {peers:?}", s.port));
+            }
+        }
+        Ok(())
+    });
+}
+
+/// How long a Sentinel gives a failover; also how long it leaves a replica that replicates from
+/// an address other than the primary's before re-pointing it (`+fix-slave-config`).
+const FAILOVER_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// One `redis-server --sentinel` with its own config file, which it rewrites.
-struct Sentinel {
-    port: u16,
+pub(super) struct Sentinel {
+    pub(super) port: u16,
     child: Child,
     _dir: tempfile::TempDir,
     reach: Reach,
@@ -208,12 +218,22 @@ struct Sentinel {
 
 impl Sentinel {
     fn start(name: &str, primary_port: u16, tls: Option<&TlsFiles>) -> Sentinel {
+        Sentinel::start_with(name, primary_port, tls, FAILOVER_TIMEOUT)
+    }
+
+    /// [`start`] with a `failover-timeout` of `failover_timeout`.
+    pub(super) fn start_with(
+        name: &str,
+        primary_port: u16,
+        tls: Option<&TlsFiles>,
+        failover_timeout: Duration,
+    ) -> Sentinel {
         let reach = Reach::of(tls);
         for _ in 0..10 {
             let dir = tempfile::tempdir().expect("a temporary directory for a Sentinel");
             let port = free_port();
             let conf = dir.path().join("sentinel.conf");
-            std::fs::write(&conf, sentinel_conf(port, dir.path(), name, primary_port, tls)).unwrap();
+            std::fs::write(&conf, sentinel_conf(port, dir.path(), name, primary_port, tls, failover_timeout)).unwrap();
             let mut cmd = Command::new("redis-server");
             cmd.arg(&conf).arg("--sentinel").stdout(Stdio::null()).stderr(Stdio::null());
             let child = spawn_tied(cmd).expect("redis-server must be on PATH (it is installed by .ci/run)");
@@ -231,12 +251,12 @@ impl Sentinel {
         panic!("redis-server --sentinel did not start on any of 10 ports");
     }
 
-    fn query<T: ::redis::FromRedisValue>(&self, cmd: &mut ::redis::Cmd) -> ::redis::RedisResult<T> {
+    pub(super) fn query<T: ::redis::FromRedisValue>(&self, cmd: &mut ::redis::Cmd) -> ::redis::RedisResult<T> {
         cmd.query(&mut connect(&self.reach, self.port)?)
     }
 
     /// The port of the primary this Sentinel reports for `name`.
-    fn master_addr(&self, name: &str) -> Option<u16> {
+    pub(super) fn master_addr(&self, name: &str) -> Option<u16> {
         let addr: Option<(String, u16)> =
             self.query(::redis::cmd("SENTINEL").arg("GET-MASTER-ADDR-BY-NAME").arg(name)).ok()?;
         addr.map(|(_, port)| port)
@@ -257,7 +277,14 @@ impl Drop for Sentinel {
     }
 }
 
-fn sentinel_conf(port: u16, dir: &Path, name: &str, primary_port: u16, tls: Option<&TlsFiles>) -> String {
+fn sentinel_conf(
+    port: u16,
+    dir: &Path,
+    name: &str,
+    primary_port: u16,
+    tls: Option<&TlsFiles>,
+    failover_timeout: Duration,
+) -> String {
     let mut conf = String::new();
     match tls {
         None => writeln!(conf, "port {port}").unwrap(),
@@ -279,7 +306,7 @@ fn sentinel_conf(port: u16, dir: &Path, name: &str, primary_port: u16, tls: Opti
     writeln!(conf, "loglevel warning").unwrap();
     writeln!(conf, "sentinel monitor {name} 127.0.0.1 {primary_port} 2").unwrap();
     writeln!(conf, "sentinel down-after-milliseconds {name} 1000").unwrap();
-    writeln!(conf, "sentinel failover-timeout {name} 5000").unwrap();
+    writeln!(conf, "sentinel failover-timeout {name} {}", failover_timeout.as_millis()).unwrap();
     writeln!(conf, "sentinel parallel-syncs {name} 1").unwrap();
     conf
 }

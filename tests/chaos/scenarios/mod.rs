@@ -9,6 +9,7 @@ mod lost_answers;
 mod redis_blip;
 mod redis_down;
 mod redis_loss;
+mod replication;
 mod reshard;
 mod shutdown_deadline;
 mod sigterm;
@@ -42,4 +43,9 @@ pub const ALL: &[(&str, Scenario)] = &[
         "16 upstream drops after executing, before executing, times out while executing; 2 gateways, reconcile on and off",
         || Box::pin(lost_answers::run()),
     ),
+    ("17 sentinel primary's host killed, its replica 300 ms behind", || Box::pin(replication::without_replica_acks())),
+    ("18 sentinel primary's host killed, its replica 300 ms behind, replica_acks = 1", || {
+        Box::pin(replication::with_replica_acks())
+    }),
+    ("19 replica frozen, replica_acks = 1", || Box::pin(replication::frozen_replica_with_replica_acks())),
 ];
