@@ -6,9 +6,15 @@
 //! old primary to refuse writes: a follower task listens to every Sentinel's `+switch-master`
 //! announcement and moves the links to the promoted primary at once. As a fallback for a
 //! missed announcement the follower also checks once a second (and, at most every
-//! [`MIN_SPACING`], when a call meets a read-only or broken node) that its node still calls
+//! [`MIN_SPACING`](schedule::MIN_SPACING), when a call meets a read-only or broken node) that its node still calls
 //! itself primary, asks the Sentinels again when it does not, and asks them every
 //! [`RESOLVE_ANYWAY`] regardless.
+//!
+//! The checks never keep an announcement waiting. The next check is a deadline that the
+//! follower waits for while it listens (`schedule`), not a sleep during which an announcement
+//! would sit unread; and a check under way is dropped for an announcement that arrives
+//! meanwhile. A check is slowest exactly when a failover is near: a primary that died or was
+//! cut off answers `ROLE` only with the store timeout, and the promotion would wait for it.
 //!
 //! Asking means asking every Sentinel and believing the one with the highest config epoch:
 //! right after a failover the Sentinels that did not run it still name the old primary for a
@@ -16,24 +22,34 @@
 //! working primary" (the redis crate's own lookup) can lead the links back to it. For the
 //! same reason an announcement is applied only when it names the primary the links lead to
 //! as the old one.
+//!
+//! While there is no primary to follow (no Sentinel names one, as they all deem it down
+//! until they promote the replica; or the one named does not answer as a primary), every
+//! check asks again, up to four times a second while calls fail. The log tells such a
+//! stretch once (`episode`): a warning when it begins (and when the other of the two
+//! conditions first shows in it), debug lines while it lasts, and one info line, with how
+//! long it lasted and how many asks found nothing, once a primary that answers is followed
+//! again.
 
-use std::time::{Duration, Instant};
+mod announcements;
+mod episode;
+mod schedule;
 
-use redis::Value;
+use std::time::Duration;
+
 use redis::aio::MultiplexedConnection;
+use redis::{RedisResult, Value};
 use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
+use self::announcements::{Listeners, Switch, listen};
+use self::episode::{Episode, Lack};
+use self::schedule::Schedule;
 use super::links::{Links, NodeAccess, Sentinels, node_links};
 use crate::config::Address;
 
-/// How often the Sentinel follower checks that its primary is still one.
-const FOLLOW_CHECK: Duration = Duration::from_secs(1);
 /// How often the follower asks the Sentinels even while the primary answers as one.
 const RESOLVE_ANYWAY: Duration = Duration::from_secs(10);
-/// The least time between two checks woken by failing calls (which, under load, fail by the
-/// thousand while a primary is down).
-const MIN_SPACING: Duration = Duration::from_millis(250);
 
 /// Keeps Sentinel links on the primary (see the module docs).
 pub(super) struct Follower {
@@ -49,23 +65,28 @@ pub(super) struct Follower {
     following: Option<Address>,
     /// The highest config epoch a followed answer of the Sentinels had.
     known_epoch: u64,
+    /// When an ask last found a primary; `None` until one does, and after one that did not.
+    asked: Option<Instant>,
+    /// The stretch without a primary to follow, for the log.
+    episode: Episode,
 }
 
-/// A `+switch-master` announcement: the primary moved from `old` to `new`.
-struct Switch {
-    old: Address,
-    new: Address,
+/// What a check found.
+enum Checked {
+    /// The links lead to a primary that answers as one: the one the Sentinels name, or, when
+    /// they were not asked, the one the links led to already.
+    Following,
+    /// The Sentinels named an older primary than the one the links follow (see [`stale`]);
+    /// the links stay.
+    Stale,
+    /// There is no primary to follow.
+    Lacking(Lack),
 }
 
-/// Aborts the announcement listeners when the follower stops.
-struct Listeners(Vec<JoinHandle<()>>);
-
-impl Drop for Listeners {
-    fn drop(&mut self) {
-        for task in &self.0 {
-            task.abort();
-        }
-    }
+/// What woke the follower.
+enum Woke {
+    Announced(Switch),
+    Checked(Checked),
 }
 
 impl Follower {
@@ -73,7 +94,18 @@ impl Follower {
     pub fn new(sentinels: Sentinels) -> Self {
         let Sentinels { clients: sentinels, access, master, count, timeout } = sentinels;
         let asking = vec![None; sentinels.len()];
-        Self { sentinels, asking, access, master, count, timeout, following: None, known_epoch: 0 }
+        Self {
+            sentinels,
+            asking,
+            access,
+            master,
+            count,
+            timeout,
+            following: None,
+            known_epoch: 0,
+            asked: None,
+            episode: Episode::default(),
+        }
     }
 
     pub async fn run(mut self, links: Links) {
@@ -84,66 +116,123 @@ impl Follower {
                 .map(|sentinel| tokio::spawn(listen(sentinel.clone(), self.master.clone(), announced.clone())))
                 .collect(),
         );
-        let mut asked: Option<Instant> = None;
+        let mut schedule = Schedule::new(Instant::now());
         loop {
-            let checked = Instant::now();
-            let due = asked.is_none_or(|at| at.elapsed() >= RESOLVE_ANYWAY);
-            if due || !self.primary_answers(&links).await {
-                // Until an ask succeeds, ask again at the next check.
-                asked = self.ask(&links).await.then(Instant::now);
-            }
-            tokio::select! {
-                () = tokio::time::sleep(FOLLOW_CHECK) => {}
-                () = links.trouble_reported() => tokio::time::sleep_until((checked + MIN_SPACING).into()).await,
-                Some(switch) = announcements.recv() => {
-                    let from_ours = self.following.as_ref().is_none_or(|f| *f == switch.old);
-                    if !from_ours || !self.move_to(&links, switch.new).await {
-                        // Stale, or not (yet) usable: let the Sentinels decide.
-                        asked = None;
+            // Announcements first, at every wait: an announcement waiting behind a check or
+            // its spacing would leave the links on the old primary meanwhile.
+            let woke = tokio::select! {
+                biased;
+                Some(switch) = announcements.recv() => Woke::Announced(switch),
+                () = tokio::time::sleep_until(schedule.next()) => {
+                    let began = Instant::now();
+                    tokio::select! {
+                        biased;
+                        // The check is dropped for it (see `check` for why that is safe).
+                        Some(switch) = announcements.recv() => Woke::Announced(switch),
+                        checked = self.check(&links) => {
+                            schedule.checked(began, Instant::now());
+                            Woke::Checked(checked)
+                        }
                     }
                 }
+                () = links.trouble_reported(), if schedule.hears_trouble() => {
+                    schedule.trouble();
+                    continue;
+                }
+            };
+            match woke {
+                Woke::Announced(switch) => {
+                    if !self.follow_announced(&links, switch).await {
+                        // Stale, or not (yet) usable: let the Sentinels decide, at once.
+                        self.asked = None;
+                        schedule.check_now(Instant::now());
+                    }
+                }
+                Woke::Checked(Checked::Following) => self.followed(),
+                Woke::Checked(Checked::Stale) => {}
+                Woke::Checked(Checked::Lacking(lack)) => self.lacked(lack),
             }
         }
     }
 
-    /// Moves the links to `primary` once it answers as primary; false if it does not.
-    async fn move_to(&mut self, links: &Links, primary: Address) -> bool {
-        if self.following.as_ref() == Some(&primary) {
+    /// Checks that the node the links lead to answers as a primary, and asks the Sentinels
+    /// when it does not, until an ask finds a primary, and every [`RESOLVE_ANYWAY`].
+    ///
+    /// The run loop drops it for an announcement, at any await. That is safe only while it
+    /// (and what it calls) changes the follower and the links where no await follows: what
+    /// it did stands, and the rest is not done. Keep it so.
+    async fn check(&mut self, links: &Links) -> Checked {
+        let due = self.asked.is_none_or(|at| at.elapsed() >= RESOLVE_ANYWAY);
+        let role = if due { None } else { Some(self.primary_role(links).await) };
+        if let Some(Ok(())) = role {
+            return Checked::Following;
+        }
+        let checked = self.ask(links, role).await;
+        self.asked = match checked {
+            Checked::Lacking(_) => None,
+            Checked::Following | Checked::Stale => Some(Instant::now()),
+        };
+        checked
+    }
+
+    /// Follows a `+switch-master` announcement that names the primary the links lead to as
+    /// the old one; false when the Sentinels should be asked instead: it names another old
+    /// primary (stale), or the new one does not answer as a primary (yet).
+    async fn follow_announced(&mut self, links: &Links, switch: Switch) -> bool {
+        if self.following.as_ref() == Some(&switch.new) {
             return true; // Every Sentinel announces the same switch.
         }
-        let client = match self.access.client(&primary) {
-            Ok(client) => client,
-            Err(e) => {
-                tracing::warn!(master = %self.master, error = %e, "cannot reach the named primary");
-                return false;
-            }
-        };
-        let checked = tokio::time::timeout(self.timeout, async {
-            let mut conn = client.get_multiplexed_async_connection().await?;
-            redis::cmd("ROLE").query_async::<Value>(&mut conn).await
-        });
-        match checked.await {
-            Ok(Ok(role)) if is_primary(&role) => {
-                self.lead(links, client, primary);
+        if self.following.as_ref().is_some_and(|f| *f != switch.old) {
+            return false;
+        }
+        match self.move_to(links, switch.new.clone()).await {
+            Ok(()) => {
+                // The Sentinels' own word, as good as an ask; and an ask right now would find
+                // nothing: for a moment after a switch they name no primary (the old one is
+                // down, the new one `disconnected` until they connect to it).
+                self.asked = Some(Instant::now());
+                self.followed();
                 true
             }
-            _ => {
-                tracing::warn!(master = %self.master, primary = %primary, "the named primary does not answer as one");
+            Err(error) => {
+                // Not part of the episode: the ask that follows at once says what it finds.
+                tracing::debug!(master = %self.master, primary = %switch.new, error, "cannot follow the announced primary yet; asking the Sentinels");
                 false
             }
         }
     }
 
-    /// Whether the node the links lead to answers `ROLE` as a primary.
-    async fn primary_answers(&self, links: &Links) -> bool {
-        let Ok(mut link) = links.pick() else { return false };
+    /// Moves the links to `primary`, which they do not lead to, once it answers as primary;
+    /// what it answered instead, or why it did not.
+    async fn move_to(&mut self, links: &Links, primary: Address) -> Result<(), String> {
+        let client = self.access.client(&primary).map_err(|e| format!("cannot make a client for it: {e}"))?;
+        let role = tokio::time::timeout(self.timeout, async {
+            let mut conn = client.get_multiplexed_async_connection().await?;
+            redis::cmd("ROLE").query_async::<Value>(&mut conn).await
+        });
+        as_primary(role.await.ok(), self.timeout)?;
+        let current = node_links(client, self.count, self.timeout).map_err(|e| format!("cannot link to it: {e}"))?;
+        if self.following.is_some() {
+            tracing::warn!(master = %self.master, primary = %primary, "following a Sentinel failover");
+        } else {
+            tracing::info!(master = %self.master, primary = %primary, "the Sentinels named the primary");
+        }
+        links.replace(current);
+        self.following = Some(primary);
+        Ok(())
+    }
+
+    /// Whether the node the links lead to answers `ROLE` as a primary; if not, why.
+    async fn primary_role(&self, links: &Links) -> Result<(), String> {
+        let mut link = links.pick().map_err(|e| e.to_string())?;
         let role = tokio::time::timeout(self.timeout, redis::cmd("ROLE").query_async::<Value>(&mut link)).await;
-        matches!(role, Ok(Ok(role)) if is_primary(&role))
+        as_primary(role.ok(), self.timeout)
     }
 
     /// Asks every Sentinel for the primary, believes the highest config epoch, and leads the
-    /// links there; false when no Sentinel answered or the primary does not answer as one.
-    async fn ask(&mut self, links: &Links) -> bool {
+    /// links there. `role` is what the node the links lead to answered to `ROLE` just before,
+    /// if it was asked.
+    async fn ask(&mut self, links: &Links, role: Option<Result<(), String>>) -> Checked {
         let master = self.master.clone();
         let timeout = self.timeout;
         let asks = self.sentinels.iter().zip(self.asking.iter_mut()).map(|(sentinel, conn)| {
@@ -173,39 +262,60 @@ impl Follower {
             }
         });
         let answers = futures_util::future::join_all(asks).await;
-        // Each Sentinel's failure, so that a wrong CA or address says so in the log.
         let failures: Vec<String> = answers.iter().filter_map(|a| a.as_ref().err().cloned()).collect();
         let Some((epoch, primary)) = believe(answers.into_iter().map(|a| a.ok().flatten()).collect()) else {
-            tracing::warn!(master = %self.master, failures = ?failures, "no Sentinel named a primary");
-            return false;
+            return Checked::Lacking(Lack::Unnamed { failures });
         };
         if stale(self.following.as_ref(), self.known_epoch, epoch, &primary) {
             // The Sentinel that ran the latest failover did not answer (slow, or cut off), and
             // the others have not heard of it yet: they name the old primary, which still
             // answers as one until it is demoted. Going back there would lose writes.
-            return true;
+            return Checked::Stale;
         }
-        let moved = self.move_to(links, primary).await;
-        if moved {
-            self.known_epoch = self.known_epoch.max(epoch);
+        let followed = if self.following.as_ref() == Some(&primary) {
+            // Named again: the links stay where they are, if it still answers as a primary.
+            match role {
+                Some(role) => role,
+                None => self.primary_role(links).await,
+            }
+        } else {
+            self.move_to(links, primary.clone()).await
+        };
+        match followed {
+            Ok(()) => {
+                self.known_epoch = self.known_epoch.max(epoch);
+                Checked::Following
+            }
+            Err(error) => Checked::Lacking(Lack::Unanswering { primary, error }),
         }
-        moved
     }
 
-    /// Leads the links to `client`, the primary at `primary`.
-    fn lead(&mut self, links: &Links, client: redis::Client, primary: Address) {
-        match node_links(client, self.count, self.timeout) {
-            Ok(current) => {
-                if self.following.is_some() {
-                    tracing::warn!(master = %self.master, primary = %primary, "following a Sentinel failover");
-                } else {
-                    tracing::info!(master = %self.master, primary = %primary, "the Sentinels named the primary");
-                }
-                links.replace(current);
-                self.following = Some(primary);
+    /// Notes a check that found no primary to follow: a warning when it begins an episode (or
+    /// is the first of its kind in one), a debug line while the episode lasts.
+    fn lacked(&mut self, lack: Lack) {
+        let warn = self.episode.lacked(&lack, Instant::now());
+        let master = &self.master;
+        match lack {
+            Lack::Unnamed { failures } if warn => {
+                tracing::warn!(master = %master, failures = ?failures, "no Sentinel named a primary");
             }
-            Err(e) => tracing::warn!(master = %self.master, error = %e, "cannot connect to the named primary"),
+            Lack::Unnamed { failures } => {
+                tracing::debug!(master = %master, failures = ?failures, "no Sentinel named a primary");
+            }
+            Lack::Unanswering { primary, error } if warn => {
+                tracing::warn!(master = %master, primary = %primary, error, "the named primary does not answer as one");
+            }
+            Lack::Unanswering { primary, error } => {
+                tracing::debug!(master = %master, primary = %primary, error, "the named primary does not answer as one");
+            }
         }
+    }
+
+    /// Ends the episode without a primary, if one is open: one line, with how long it lasted.
+    fn followed(&mut self) {
+        let Some((lasted, asks)) = self.episode.ended(Instant::now()) else { return };
+        let primary = self.following.as_ref().map(ToString::to_string).unwrap_or_default();
+        tracing::info!(master = %self.master, primary = %primary, lasted = %format_args!("{:.1}s", lasted.as_secs_f64()), asks, "the Sentinels named a primary again");
     }
 }
 
@@ -242,59 +352,29 @@ fn named_primary(fields: &[String]) -> Option<(u64, Address)> {
     Some((epoch, Address { host, port }))
 }
 
-/// Whether a `ROLE` reply is a primary's.
-fn is_primary(role: &Value) -> bool {
-    matches!(role, Value::Array(items) if matches!(items.first(), Some(Value::BulkString(r)) if r == b"master"))
-}
-
-/// Listens to one Sentinel's `+switch-master` announcements (`NAME OLD_IP OLD_PORT NEW_IP
-/// NEW_PORT`) and passes on those of `master`.
-async fn listen(sentinel: redis::Client, master: String, announced: mpsc::Sender<Switch>) {
-    let mut backoff = Duration::from_millis(100);
-    let mut warned = false;
-    loop {
-        let opened = tokio::time::timeout(Duration::from_secs(5), async {
-            let mut pubsub = sentinel.get_async_pubsub().await?;
-            pubsub.subscribe("+switch-master").await.map(|()| pubsub)
-        });
-        match opened.await {
-            Ok(Ok(pubsub)) => {
-                backoff = Duration::from_millis(100);
-                warned = false;
-                let mut messages = pubsub.into_on_message();
-                while let Some(message) = futures_util::StreamExt::next(&mut messages).await {
-                    let Ok(text) = std::str::from_utf8(message.get_payload_bytes()) else { continue };
-                    if let Some(switch) = parse_switch(text, &master) {
-                        let _ = announced.send(switch).await;
-                    }
-                }
-            }
-            // Said once per outage: the follower's own checks cover the gap.
-            failed if !warned => {
-                warned = true;
-                let error = match failed {
-                    Ok(Err(e)) => e.to_string(),
-                    _ => "timed out".to_owned(),
-                };
-                tracing::warn!(sentinel = %sentinel.get_connection_info().addr(), error, "cannot hear this Sentinel's failover announcements");
-            }
-            _ => {}
-        }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(5));
+/// Whether a `ROLE` reply (`None`: none within `timeout`) is a primary's; if not, what it was.
+fn as_primary(role: Option<RedisResult<Value>>, timeout: Duration) -> Result<(), String> {
+    let role = match role {
+        Some(Ok(role)) => role,
+        Some(Err(e)) => return Err(e.to_string()),
+        None => return Err(format!("no answer within {timeout:?}")),
+    };
+    match role_name(&role) {
+        Some(b"master") => Ok(()),
+        Some(name) => Err(format!("it answers ROLE as {}", String::from_utf8_lossy(name))),
+        None => Err(format!("it answers ROLE with {role:?}")),
     }
 }
 
-fn parse_switch(text: &str, master: &str) -> Option<Switch> {
-    let fields: Vec<&str> = text.split(' ').collect();
-    let [name, old_host, old_port, new_host, new_port] = fields[..] else { return None };
-    if name != master {
-        return None;
+/// The role a `ROLE` reply names: `master`, `slave` or `sentinel`.
+fn role_name(role: &Value) -> Option<&[u8]> {
+    match role {
+        Value::Array(items) => match items.first() {
+            Some(Value::BulkString(name)) => Some(name),
+            _ => None,
+        },
+        _ => None,
     }
-    Some(Switch {
-        old: Address { host: old_host.to_owned(), port: old_port.parse().ok()? },
-        new: Address { host: new_host.to_owned(), port: new_port.parse().ok()? },
-    })
 }
 
 #[cfg(test)]
@@ -333,11 +413,14 @@ mod tests {
     }
 
     #[test]
-    fn switch_announcements_of_other_masters_are_ignored() {
-        let switch = parse_switch("orders 10.0.0.1 6379 10.0.0.2 6380", "orders").unwrap();
-        assert_eq!(switch.old, Address { host: "10.0.0.1".into(), port: 6379 });
-        assert_eq!(switch.new, Address { host: "10.0.0.2".into(), port: 6380 });
-        assert!(parse_switch("billing 10.0.0.1 6379 10.0.0.2 6380", "orders").is_none());
-        assert!(parse_switch("orders 10.0.0.1 6379", "orders").is_none());
+    fn only_a_primary_role_answers_as_one() {
+        let role = |name: &str| Some(Ok(Value::Array(vec![Value::BulkString(name.into())])));
+        let second = Duration::from_secs(1);
+        assert_eq!(as_primary(role("master"), second), Ok(()));
+        assert_eq!(as_primary(role("slave"), second), Err("it answers ROLE as slave".into()));
+        assert_eq!(as_primary(None, second), Err("no answer within 1s".into()));
+        let refused = redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert!(as_primary(Some(Err(refused)), second).is_err());
+        assert!(as_primary(Some(Ok(Value::Nil)), second).is_err());
     }
 }
