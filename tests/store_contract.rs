@@ -730,6 +730,112 @@ async fn cluster_a_large_settle_during_a_slot_migration_lands_in_one_key() {
     }
 }
 
+/// How soon after the Sentinels name the promoted replica store calls succeed again: the
+/// gateway follows their announcement within milliseconds; the rest is room for a busy machine.
+const FOLLOWED_WITHIN: Duration = Duration::from_secs(5);
+
+/// Sentinel-only: the primary killed (SIGKILL), the replica promoted. Calls succeed again
+/// soon after the Sentinels name the new primary, and the stretch without one is told once in
+/// the log (a warning per condition, then one line when it ends), not once per ask: that was a
+/// dozen warnings per failover.
+#[tokio::test]
+async fn sentinel_a_killed_primary_is_followed_and_its_outage_told_once() {
+    let log = FollowerLog::capture();
+    let set = tokio::task::spawn_blocking(|| SentinelSet::start("killed")).await.unwrap();
+    let (store, prefix) = redis_at(set.url()).await;
+    let set = tokio::task::spawn_blocking(move || {
+        set.kill_primary();
+        set
+    })
+    .await
+    .unwrap();
+    calls_succeed_again(&store, &prefix).await;
+    let lines = log.lines();
+    let count = |level: &str, message: &str| lines.iter().filter(|l| l.contains(level) && l.contains(message)).count();
+    let unnamed = count(" WARN ", "no Sentinel named a primary");
+    let unanswering = count(" WARN ", "the named primary does not answer as one");
+    assert!(unnamed <= 1 && unanswering <= 1, "a warning per condition, not per ask:\n{}", lines.join("\n"));
+    assert!(unnamed + unanswering >= 1, "the outage is told:\n{}", lines.join("\n"));
+    assert_eq!(count(" INFO ", "the Sentinels named a primary again"), 1, "and its end:\n{}", lines.join("\n"));
+    assert_eq!(count(" WARN ", "following a Sentinel failover"), 1, "{}", lines.join("\n"));
+    drop(set);
+}
+
+/// Sentinel-only: the primary hangs (SIGSTOP: its connections stay open and unanswered, as
+/// with a node cut off) under a store timeout of 20 s, so that a check of it lasts that long.
+/// The Sentinels' announcement of the promotion is followed at once, not after the check.
+#[tokio::test]
+async fn sentinel_a_hung_primary_does_not_hold_up_the_announced_promotion() {
+    let set = tokio::task::spawn_blocking(|| SentinelSet::start("hung")).await.unwrap();
+    let prefix = support::unique("hung");
+    let store = ready(RedisStore::new(&set.url(), 8, Duration::from_secs(20), &prefix).unwrap()).await;
+    let set = tokio::task::spawn_blocking(move || {
+        set.freeze_primary();
+        set
+    })
+    .await
+    .unwrap();
+    calls_succeed_again(&store, &prefix).await;
+    drop(set);
+}
+
+/// Claims new keys until one is acquired, which must be within [`FOLLOWED_WITHIN`]; each try
+/// is cut short, as a call to a hung primary would last the store timeout.
+async fn calls_succeed_again(store: &Backend, prefix: &str) {
+    let named = tokio::time::Instant::now();
+    let fingerprint = fp(1);
+    for n in 0.. {
+        let key = record(prefix, &format!("after-{n}"));
+        let call = store.claim(&key, &fingerprint, OwnerToken::generate(), Terms { lease: LEASE, ttl: TTL });
+        match tokio::time::timeout(Duration::from_millis(500), call).await {
+            Ok(Ok(Claim::Acquired(_))) => return,
+            other => assert!(
+                named.elapsed() < FOLLOWED_WITHIN,
+                "calls still fail {FOLLOWED_WITHIN:?} after the Sentinels named the new primary: {other:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The Sentinel follower's log lines, debug and up, written on this thread while it lives: a
+/// `#[tokio::test]` runs the store's tasks on the test's own thread, and no other test does.
+/// (No process-wide subscriber: the binary's other tests would write into it.)
+struct FollowerLog {
+    out: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    _default: tracing::subscriber::DefaultGuard,
+}
+
+impl FollowerLog {
+    fn capture() -> FollowerLog {
+        let out = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = std::sync::Arc::clone(&out);
+        let subscriber = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new("idemgate::store::redis::sentinel=debug"))
+            .with_writer(move || Sink(std::sync::Arc::clone(&sink)))
+            .with_ansi(false)
+            .finish();
+        FollowerLog { out, _default: tracing::subscriber::set_default(subscriber) }
+    }
+
+    fn lines(&self) -> Vec<String> {
+        String::from_utf8_lossy(&self.out.lock().unwrap()).lines().map(str::to_owned).collect()
+    }
+}
+
+struct Sink(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Sink {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// How many epoch markers under `prefix` the node on `port` holds.
 fn epoch_markers_on(cluster: &RedisCluster, prefix: &str, port: u16) -> usize {
     let keys: Vec<String> =

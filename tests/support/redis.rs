@@ -218,6 +218,16 @@ impl RedisServer {
         wait_until(|| !ping(&self.reach, self.port), "redis-server to stop");
     }
 
+    /// Stops the server in its tracks (SIGSTOP), as a node that hangs or is cut off: its port
+    /// still takes connections, and nothing sent on them is answered. Killed as usual when
+    /// dropped.
+    pub fn freeze(&self) {
+        let child = self.child.lock().unwrap();
+        let pid = child.as_ref().expect("a running redis-server to freeze").id().to_string();
+        let status = Command::new("kill").args(["-STOP", &pid]).status().expect("kill(1) must be on PATH");
+        assert!(status.success(), "kill -STOP {pid}: {status}");
+    }
+
     /// Starts the server again on the same port, empty. The port was ours a moment ago;
     /// should something take it meanwhile, the test cannot go on and says so.
     pub fn restart(&self) {

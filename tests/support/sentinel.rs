@@ -124,9 +124,19 @@ impl SentinelSet {
     /// Kills the primary (SIGKILL: an unplanned failure) and returns once the first Sentinel
     /// names the replica as the new primary.
     pub fn kill_primary(&self) {
+        self.fail_primary(RedisServer::stop);
+    }
+
+    /// Freezes the primary (SIGSTOP: it hangs, its connections open and unanswered) and
+    /// returns once the first Sentinel names the replica as the new primary.
+    pub fn freeze_primary(&self) {
+        self.fail_primary(RedisServer::freeze);
+    }
+
+    fn fail_primary(&self, fail: impl FnOnce(&RedisServer)) {
         let old = self.primary_index();
         let new_port = self.servers[1 - old].port;
-        self.servers[old].stop();
+        fail(&self.servers[old]);
         let first = &self.sentinels[0];
         wait_for(Duration::from_secs(30), "the Sentinels to promote the replica", || {
             match first.master_addr(&self.name) {

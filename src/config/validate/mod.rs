@@ -223,12 +223,20 @@ pub(super) fn warnings(config: &Config) -> Vec<Issue> {
 /// outlast: the claim's lease runs while its replicas are awaited, and its first renewal comes
 /// a third of a lease after the claim returns.
 fn replica_warnings(config: &Config, out: &mut Issues) {
-    let crate::config::StoreBackendConfig::Redis { replicas, .. } = &config.store.backend else { return };
+    let crate::config::StoreBackendConfig::Redis { replicas, url, .. } = &config.store.backend else { return };
     if replicas.count == 0 {
         if replicas.timeout != crate::config::defaults::REPLICA_ACK_TIMEOUT {
             out.add("store.replica_ack_timeout", "has no effect with replica_acks = 0 (no replica is waited for)");
         }
         return;
+    }
+    if matches!(crate::config::RedisTarget::parse(url), Ok(crate::config::RedisTarget::Single(_))) {
+        out.add(
+            "store.replica_acks",
+            "the store is one server (redis://): its replicas keep what they acknowledged only if something \
+             promotes one when that server fails (a managed service's failover behind the address); with \
+             redis+sentinel:// or redis+cluster:// the gateway follows the promotion itself",
+        );
     }
     for (i, route) in config.routes.iter().enumerate() {
         let Some(policy) = &route.idempotency else { continue };

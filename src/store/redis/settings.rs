@@ -90,14 +90,6 @@ impl Settings {
         }
         if let Some(acks) = &self.acks {
             out.extend(acks.findings());
-        } else if self.replicas == Some(0) {
-            out.push((
-                Severity::Warning,
-                "the primary has no replicas: losing that server loses every record not persisted, and with \
-                 replicas a failover forgets what they had not received yet ([store] replica_acks makes the \
-                 gateway wait for them)"
-                    .to_owned(),
-            ));
         }
         if let Some(Persistence { aof: Some(None), rdb: Some(false) }) = &self.persistence {
             out.push((
