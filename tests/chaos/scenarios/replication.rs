@@ -365,7 +365,7 @@ impl Failover {
         format!(
             "replica {} behind, {} first requests at ~{}/s ({}), primary's host killed; promoted in {}, its own \
              replicas when named: {named} (one {back}); {} answered, {} refused or failed; {} answered keys \
-             lost their answer (the retry ran again), {} keys ran twice ({claim_lost} as attempt 1 again: claim \
+             whose retry was not served as a replay, {} keys ran twice ({claim_lost} as attempt 1 again: claim \
              lost; {} taken over after the lease: claim kept, answer lost); {} retries",
             ms(LAG),
             self.sent,
