@@ -29,7 +29,8 @@ use prometheus_client::metrics::counter::Counter;
 use redis::Value;
 
 use super::journal::Journal;
-use super::links::{Links, unavailable};
+use super::link::unavailable;
+use super::links::Links;
 use crate::store::error::StoreError;
 
 /// How often the epoch markers are checked.

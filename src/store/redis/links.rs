@@ -18,56 +18,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::cluster::ClusterClientBuilder;
-use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, IntoConnectionInfo, Pipeline, RedisFuture, TlsCertificates, Value};
+use redis::{IntoConnectionInfo, TlsCertificates};
 use tokio::sync::futures::Notified;
 use tokio::sync::{Notify, watch};
 
+use super::link::{Link, unavailable};
 use super::replicas::{Exclusive, Held};
 use crate::config::{Address, Auth, RedisTarget as Target, RedisTls};
 use crate::store::error::StoreError;
-
-/// One multiplexed connection.
-#[derive(Clone)]
-pub(super) enum Link {
-    Node(ConnectionManager),
-    Cluster(ClusterConnection),
-    /// A connection that never reconnects, held by one call at a time (see `replicas`).
-    Direct(MultiplexedConnection),
-}
-
-impl ConnectionLike for Link {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self {
-            Link::Node(c) => c.req_packed_command(cmd),
-            Link::Cluster(c) => c.req_packed_command(cmd),
-            Link::Direct(c) => c.req_packed_command(cmd),
-        }
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        match self {
-            Link::Node(c) => c.req_packed_commands(pipeline, offset, count),
-            Link::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
-            Link::Direct(c) => c.req_packed_commands(pipeline, offset, count),
-        }
-    }
-
-    fn get_db(&self) -> i64 {
-        match self {
-            Link::Node(c) => c.get_db(),
-            Link::Cluster(c) => c.get_db(),
-            Link::Direct(c) => c.get_db(),
-        }
-    }
-}
 
 /// Where the links lead now.
 pub(super) struct Current {
@@ -399,31 +359,6 @@ fn certificates(tls: &RedisTls) -> Result<Option<TlsCertificates>, StoreError> {
     Ok(Some(TlsCertificates { client_tls, root_cert }))
 }
 
-pub(super) fn unavailable(e: redis::RedisError) -> StoreError {
-    if e.is_cluster_error() {
-        return StoreError::Migrating(e.to_string());
-    }
-    if refused_command(&e) {
-        return StoreError::Rejected(e.to_string());
-    }
-    StoreError::Unavailable(e.to_string())
-}
-
-/// Whether Redis answered and refused this one command (an argument out of range, a key of
-/// another type, a script's own error): the store is up, and taking the refusal for an outage
-/// would report one that is not there (and hide the bug that sent the command). Only the codes
-/// that say so; any other (`LOADING`, `READONLY`, `MASTERDOWN`, `BUSY`, `OOM`, `MISCONF`,
-/// `NOREPLICAS`, `NOPERM`, `NOAUTH`, `WRONGPASS`, a proxy's or a module's own) is an outage:
-/// a store that refuses for a reason of its own must not pass for one that answers.
-fn refused_command(e: &redis::RedisError) -> bool {
-    // No code: the connection failed, or its reply could not be read.
-    match e.code() {
-        Some("ERR") => !e.detail().is_some_and(|d| d.contains("max number of clients")),
-        Some("WRONGTYPE" | "EXECABORT") => true,
-        _ => false,
-    }
-}
-
 /// How to reach a Redis node by address: scheme, credentials, TLS files.
 pub(super) struct NodeAccess {
     scheme: &'static str,
@@ -436,43 +371,5 @@ impl NodeAccess {
     pub fn client(&self, address: &Address) -> Result<redis::Client, StoreError> {
         let url = format!("{}://{address}", self.scheme);
         node_client(&url, &self.auth, self.certs.clone())
-    }
-}
-
-#[cfg(test)]
-mod classification {
-    use redis::{ErrorKind, RedisError, ServerErrorKind, make_extension_error};
-
-    use super::*;
-
-    #[test]
-    fn a_refused_command_is_no_outage_and_an_unavailable_server_is_one() {
-        let refused = [
-            RedisError::from((
-                ErrorKind::Server(ServerErrorKind::ResponseError),
-                "An error was signalled by the server",
-                "value is out of range, must be positive".to_owned(),
-            )),
-            make_extension_error("WRONGTYPE".into(), Some("Operation against a key holding the wrong kind".into())),
-        ];
-        for e in refused {
-            assert!(matches!(unavailable(e.clone()), StoreError::Rejected(_)), "{e}");
-        }
-        let down = [
-            RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused)),
-            RedisError::from((ErrorKind::Server(ServerErrorKind::BusyLoading), "loading")),
-            RedisError::from((ErrorKind::Server(ServerErrorKind::ReadOnly), "replica")),
-            make_extension_error("OOM".into(), Some("command not allowed when used memory > 'maxmemory'".into())),
-            make_extension_error("WRONGPASS".into(), Some("invalid username-password pair".into())),
-            make_extension_error("NOAUTH".into(), Some("Authentication required.".into())),
-            RedisError::from((
-                ErrorKind::Server(ServerErrorKind::ResponseError),
-                "An error was signalled by the server",
-                "max number of clients reached".to_owned(),
-            )),
-        ];
-        for e in down {
-            assert!(matches!(unavailable(e.clone()), StoreError::Unavailable(_)), "{e}");
-        }
     }
 }

@@ -17,7 +17,8 @@
 //! Waiting duplicates are woken through pub/sub: a claim that finds the key in flight sets a
 //! flag on the record, and the owner's complete/release script publishes the key name on the
 //! gateway's channel only when that flag is set, so uncontended keys cost nothing (see
-//! `notify`). Where Redis is and how connections follow it is `links` (through a Sentinel
+//! `notify`). One connection and how its errors read is `link`; where Redis is and how connections follow
+//! it is `links` (through a Sentinel
 //! failover, `sentinel`); writes that replicas must hold before the gateway relies on them
 //! (`[store] replica_acks`), `replicas`; data-loss detection is `epoch`, and the recent keys
 //! it names, `journal`; the scripts and their loading are
@@ -31,6 +32,7 @@ mod epoch;
 mod journal;
 mod layout;
 mod lifecycle;
+mod link;
 mod links;
 mod notify;
 mod operator;

@@ -36,8 +36,7 @@ use redis::cluster::ClusterClient;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
-use super::engine::ms;
-use super::links::{Link, unavailable};
+use super::link::{Link, unavailable};
 use crate::config::ReplicaAcks;
 use crate::store::error::StoreError;
 
@@ -325,4 +324,9 @@ impl Replicas {
             "too few replicas acknowledge: {what}"
         );
     }
+}
+
+/// Whole milliseconds for `WAIT`, at least one (0 would wait for ever).
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }

@@ -5,7 +5,7 @@ use bytes::Bytes;
 use redis::aio::MultiplexedConnection;
 use redis::{Cmd, FromRedisValue, Value};
 
-use super::links::Link;
+use super::link::Link;
 use crate::store::error::StoreError;
 use crate::store::record::StoredResponse;
 

@@ -14,7 +14,8 @@ use redis::{Cmd, ErrorKind, FromRedisValue, RedisResult, ServerErrorKind, Value}
 
 use super::replicas::Held;
 
-use super::links::{Link, Links, unavailable};
+use super::link::{Link, unavailable};
+use super::links::Links;
 use super::round_trip::Request;
 use super::scripts::Lua;
 use crate::store::error::StoreError;
