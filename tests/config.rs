@@ -917,3 +917,57 @@ fn check_names_an_unsafe_method_another_route_lists_on_a_keyed_path() {
     assert_eq!(found.len(), 1, "{found:#?}");
     assert!(found[0].1.contains("PATCH and DELETE /orders on api.example.com go to route \"writes\""), "{found:#?}");
 }
+
+#[test]
+fn replica_acks_and_their_timeout_refuse_what_cannot_be_meant() {
+    let redis = |lines: &str| {
+        MINIMAL.replace(
+            "backend = \"memory\"",
+            &format!("backend = \"redis\"\nurl = \"redis+sentinel://127.0.0.1:26379/m\"\n{lines}"),
+        )
+    };
+    assert_issue(&redis("replica_acks = 17"), "store.replica_acks", "between 0 and 16");
+    assert_issue(&redis("replica_acks = 4294967296"), "store.replica_acks", "");
+    assert_issue(&redis("replica_acks = -1"), "store.replica_acks", "");
+    assert_issue(&redis("replica_acks = \"1\""), "store.replica_acks", "");
+    assert_issue(
+        &redis("replica_acks = 1\nreplica_ack_timeout = \"0s\""),
+        "store.replica_ack_timeout",
+        "longer than 0",
+    );
+    assert_issue(
+        &redis("replica_acks = 1\nreplica_ack_timeout = \"500us\""),
+        "store.replica_ack_timeout",
+        "at least 1ms",
+    );
+    assert_issue(&redis("replica_ack_timeout = \"soon\""), "store.replica_ack_timeout", "");
+    // The memory store has no replicas to wait for.
+    let memory =
+        MINIMAL.replace("backend = \"memory\"", "backend = \"memory\"\nreplica_acks = 1\nreplica_ack_timeout = \"1s\"");
+    assert_issue(&memory, "store.replica_acks", "redis backend only");
+    assert_issue(&memory, "store.replica_ack_timeout", "redis backend only");
+
+    let warned = |text: &str| -> Vec<(String, String)> {
+        let config = Config::from_toml(text, "test.toml").unwrap_or_else(|e| panic!("{e}"));
+        config.warnings.into_iter().map(|w| (w.key, w.reason)).collect()
+    };
+    let idle = warned(&redis("replica_ack_timeout = \"2s\""));
+    assert!(idle.iter().any(|(k, r)| k == "store.replica_ack_timeout" && r.contains("no effect")), "{idle:?}");
+    // A wait for replicas the lease may not outlast (lease 3s: 2s + 1s is over two thirds).
+    let long = warned(
+        &redis("replica_acks = 1\nreplica_ack_timeout = \"2s\"")
+            .replace("[routes.idempotency]", "[routes.idempotency]\nlease = \"3s\""),
+    );
+    assert!(
+        long.iter().any(|(k, r)| k == "routes[0].idempotency.lease" && r.contains("replica_ack_timeout")),
+        "{long:?}"
+    );
+    let sound = warned(&redis("replica_acks = 1"));
+    assert!(!sound.iter().any(|(k, _)| k.starts_with("store.replica")), "{sound:?}");
+    // One server: only a failover behind its address promotes a replica.
+    let single = warned(
+        &MINIMAL
+            .replace("backend = \"memory\"", "backend = \"redis\"\nurl = \"redis://127.0.0.1:6379\"\nreplica_acks = 1"),
+    );
+    assert!(single.iter().any(|(k, r)| k == "store.replica_acks" && r.contains("one server")), "{single:?}");
+}

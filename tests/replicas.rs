@@ -230,3 +230,47 @@ async fn a_claim_the_store_forgot_is_said_vanished_once_not_taken_over() {
     assert_eq!(metric(&gateway, r#"idemgate_lease_lost_total{route="orders"}"#).await, 0.0, "nobody took it over");
     gateway.shutdown().await;
 }
+
+#[tokio::test]
+async fn two_gateways_racing_on_a_key_while_the_replica_is_frozen_run_it_once_after() {
+    let (primary, replica) = primary_and_replica();
+    let upstream = TestUpstream::start().await;
+    // One file for both, so that they share a key prefix and so each record.
+    let text = toml(&primary, &upstream, 1);
+    let (a, b) = (TestGateway::start(&text).await, TestGateway::start(&text).await);
+    assert_eq!(a.config.store.key_prefix, b.config.store.key_prefix);
+    // Frozen for longer than both can try: the one that claims first waits 2 s in vain and
+    // gives its claim back, the other (which waited for it) claims and waits 2 s in vain too.
+    let frozen_at = Instant::now();
+    let frozen = freeze(&replica, Duration::from_secs(8));
+    let (ca, cb) = (a.client(), b.client());
+    let (ra, rb) = tokio::join!(post(&ca, "raced-1"), post(&cb, "raced-1"));
+    assert!(frozen_at.elapsed() < Duration::from_secs(7), "the replica woke before the race ended");
+    // Each is refused: for want of replicas, or as a duplicate still in flight; nothing reached
+    // the upstream.
+    for r in [&ra, &rb] {
+        assert!(r.status == 503 || r.status == 409, "{r:?}");
+    }
+    assert_eq!(upstream.executions(), 0, "a claim no replica held was forwarded");
+    frozen.join().unwrap();
+    // Back: both race again until served; the request runs once, the other gets its answer.
+    let served = |gw: &TestGateway| {
+        let client = gw.client();
+        async move {
+            for _ in 0..40 {
+                let r = post(&client, "raced-1").await;
+                if r.status == 201 {
+                    return r;
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            panic!("never served");
+        }
+    };
+    let (ra, rb) = tokio::join!(served(&a), served(&b));
+    assert_eq!(upstream.executions(), 1, "the key ran {} times", upstream.executions());
+    assert_eq!(ra.body, rb.body, "both have the one answer");
+    assert!(ra.is_replay() || rb.is_replay());
+    a.shutdown().await;
+    b.shutdown().await;
+}

@@ -239,7 +239,11 @@ impl Transport {
         };
         let one = !request.is_pipeline();
         let sent = Instant::now();
-        let (mut replies, got, held) = self.query_waiting(request, on_noscript, wait, wait_timeout).await?;
+        // Boxed: inline, the wait's state (a connection taken from a pool, a longer deadline)
+        // would swell every store write's future, and so every request's, also without
+        // replica_acks.
+        let waiting = Box::pin(self.query_waiting(request, on_noscript, wait, wait_timeout));
+        let (mut replies, got, held) = waiting.await?;
         let took = sent.elapsed();
         let reply = match (one, replies.pop()) {
             (true, Some(reply)) if replies.is_empty() => reply,
