@@ -61,6 +61,15 @@ async fn metric(gateway: &TestGateway, series: &str) -> f64 {
     text.lines().find_map(|l| l.strip_prefix(series)?.trim().parse().ok()).unwrap_or(0.0)
 }
 
+/// Waits until `series` counts at least one, for up to `within`.
+async fn metric_reaches(gateway: &TestGateway, series: &str, within: Duration) {
+    let deadline = Instant::now() + within;
+    while metric(gateway, series).await < 1.0 {
+        assert!(Instant::now() < deadline, "{series} never counted within {within:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 async fn post(client: &Client, key: &str) -> crate::support::client::Reply {
     client.post_json("/orders", Some(key), r#"{"item":"book"}"#).await
 }
@@ -130,11 +139,7 @@ async fn an_answer_no_replica_holds_yet_is_replied_and_waited_for_behind_it() {
         tokio::spawn(async move { post(&client, "slow-1").await })
     };
     let claimed = r#"idemgate_store_replica_acks_total{write="claim",outcome="acknowledged"}"#;
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while metric(&gateway, claimed).await < 1.0 {
-        assert!(Instant::now() < deadline, "the claim was never acknowledged");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    metric_reaches(&gateway, claimed, Duration::from_secs(5)).await;
     // Frozen past the answer (1.5 s) and its wait (2 s).
     let frozen = freeze(&replica, Duration::from_secs(5));
     let answered = running.await.unwrap();
@@ -145,11 +150,7 @@ async fn an_answer_no_replica_holds_yet_is_replied_and_waited_for_behind_it() {
     frozen.join().unwrap();
     // Once the replica is back, the gateway that kept waiting hears it acknowledge.
     let late = r#"idemgate_store_replica_acks_total{write="answer",outcome="late"}"#;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while metric(&gateway, late).await < 1.0 {
-        assert!(Instant::now() < deadline, "the answer was never acknowledged after the replica came back");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    metric_reaches(&gateway, late, Duration::from_secs(10)).await;
     assert!(post(&client, "slow-1").await.is_replay());
     assert_eq!(upstream.executions(), 1);
     gateway.shutdown().await;
