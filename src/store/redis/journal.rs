@@ -49,7 +49,13 @@ struct Short([u8; 12], u8);
 
 impl Short {
     fn of(key: &RecordKey) -> Self {
-        let short = key.short().as_bytes();
+        // A record's name ends in `:` and 64 hex digits, whose first 12 are its short form:
+        // taken from the end, without searching the name for its last `:` at every write.
+        let name = key.as_str().as_bytes();
+        let short = match name.len().checked_sub(65) {
+            Some(colon) if name[colon] == b':' => &name[colon + 1..colon + 13],
+            _ => key.short().as_bytes(),
+        };
         let mut bytes = [0; 12];
         let len = short.len().min(12);
         bytes[..len].copy_from_slice(&short[..len]);
@@ -118,6 +124,14 @@ mod tests {
 
     fn key(name: &str) -> RecordKey {
         RecordKey(format!("p:s:{name}"))
+    }
+
+    #[test]
+    fn the_short_form_is_the_one_the_logs_show() {
+        let hashed = RecordKey(format!("app:s:{}", "0123456789abcdef".repeat(4)));
+        assert_eq!(Short::of(&hashed).text(), hashed.short());
+        let plain = key("plain-name");
+        assert_eq!(Short::of(&plain).text(), plain.short());
     }
 
     #[tokio::test(start_paused = true)]

@@ -185,7 +185,10 @@ impl Lifecycle for RedisStore {
         set.arg("NX").arg("GET").arg("PX").arg(ttl_ms);
         let existing: Option<Vec<u8>> = self.transport.query(set, None).await?;
         let Some(existing) = existing else {
-            self.claim_replicated(key, ttl_ms).await?;
+            if self.replicas.wait().is_some() {
+                // Boxed: only with replica_acks; inline, its state would swell every claim's.
+                Box::pin(self.claim_replicated(key, ttl_ms)).await?;
+            }
             self.journal.note(Wrote::Claim, key);
             return Ok(Claim::Acquired(Granted::new(Lease::new(key.clone(), owner, terms, sent), 1)));
         };
@@ -207,7 +210,10 @@ impl Lifecycle for RedisStore {
         let mut items = Reply::array(reply)?;
         match items.tag()?.as_slice() {
             b"acquired" => {
-                self.claim_replicated(key, ttl_ms).await?;
+                if self.replicas.wait().is_some() {
+                    // Boxed: only with replica_acks; inline, its state would swell every claim's.
+                    Box::pin(self.claim_replicated(key, ttl_ms)).await?;
+                }
                 self.journal.note(Wrote::Claim, key);
                 Ok(Claim::Acquired(Granted::new(Lease::new(key.clone(), owner, terms, sent), items.attempt()?)))
             }
