@@ -275,3 +275,34 @@ async fn two_gateways_racing_on_a_key_while_the_replica_is_frozen_run_it_once_af
     a.shutdown().await;
     b.shutdown().await;
 }
+
+#[tokio::test]
+async fn on_a_cluster_each_write_waits_for_the_replica_of_its_own_shard() {
+    let cluster = tokio::task::spawn_blocking(|| crate::support::cluster::RedisCluster::start(3, 1)).await.unwrap();
+    let upstream = TestUpstream::start().await;
+    let text = config(&StoreKind::Redis(cluster.url()), upstream.addr, "");
+    let store = format!("timeout = \"500ms\"\nreplica_acks = 1\nreplica_ack_timeout = \"{ACK_TIMEOUT}\"");
+    let gateway = TestGateway::start(&text.replacen("timeout = \"500ms\"", &store, 1)).await;
+    let client = gateway.client();
+    // Keys over every shard: each claim and answer is acknowledged by that shard's replica
+    // (the WAIT rides with the write to the node that owns the key).
+    const KEYS: usize = 30;
+    for i in 0..KEYS {
+        let key = format!("sharded-{i}");
+        let mut first = post(&client, &key).await;
+        // The cluster's replicas may still be attaching: refused claims run nothing, so retry.
+        for _ in 0..40 {
+            if first.status != 503 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            first = post(&client, &key).await;
+        }
+        assert_eq!(first.status, 201, "{key}: {first:?}");
+        assert!(post(&client, &key).await.is_replay(), "{key}");
+    }
+    assert_eq!(upstream.executions(), KEYS);
+    let answers = r#"idemgate_store_replica_acks_total{write="answer",outcome="acknowledged"}"#;
+    assert_eq!(metric(&gateway, answers).await, KEYS as f64);
+    gateway.shutdown().await;
+}
