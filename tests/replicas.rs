@@ -306,3 +306,38 @@ async fn on_a_cluster_each_write_waits_for_the_replica_of_its_own_shard() {
     assert_eq!(metric(&gateway, answers).await, KEYS as f64);
     gateway.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_replica_that_goes_away_during_a_claims_wait_leaves_it_unforwarded_and_the_retry_runs_once() {
+    let (primary, replica) = primary_and_replica();
+    let upstream = TestUpstream::start().await;
+    let gateway = TestGateway::start(&toml(&primary, &upstream, 1)).await;
+    let client = gateway.client();
+    let frozen = freeze(&replica, Duration::from_secs(10));
+    let waiting = {
+        let client = client.clone();
+        tokio::spawn(async move { post(&client, "orphaned-1").await })
+    };
+    // While the claim waits for it, the replica dies (its connection to the primary breaks).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    replica.stop();
+    let refused = waiting.await.unwrap();
+    assert_eq!(refused.status, 503, "{refused:?}");
+    assert_eq!(upstream.executions(), 0, "a claim no replica held was forwarded");
+    let _ = frozen.join();
+    // A replica again: the retry runs the request once, and its own retry replays.
+    let replacement = RedisServer::start();
+    replacement.replicate(&primary);
+    let mut served = post(&client, "orphaned-1").await;
+    for _ in 0..40 {
+        if served.status == 201 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        served = post(&client, "orphaned-1").await;
+    }
+    assert_eq!(served.status, 201, "{served:?}");
+    assert!(post(&client, "orphaned-1").await.is_replay());
+    assert_eq!(upstream.executions(), 1);
+    gateway.shutdown().await;
+}
