@@ -18,6 +18,7 @@ mod dashboards;
 mod edges;
 mod end_to_end;
 mod error_shapes;
+mod footprint;
 mod gateway;
 mod hardening;
 mod hosts;

@@ -24,6 +24,14 @@ impl<T: Buf> BufList<T> {
     pub(crate) fn bufs_cnt(&self) -> usize {
         self.bufs.len()
     }
+
+    /// PATCHED (idle buffers): gives the list's space back once it is empty.
+    #[cfg(feature = "http1")]
+    pub(crate) fn release(&mut self) {
+        if self.bufs.is_empty() && self.bufs.capacity() != 0 {
+            self.bufs = VecDeque::new();
+        }
+    }
 }
 
 impl<T: Buf> Buf for BufList<T> {

@@ -17,6 +17,10 @@ pub(crate) const INIT_BUFFER_SIZE: usize = 8192;
 /// The minimum value that can be set to max buffer size.
 pub(crate) const MINIMUM_MAX_BUFFER_SIZE: usize = INIT_BUFFER_SIZE;
 
+/// PATCHED (idle buffers): the largest read made into the stack while the read buffer is
+/// given back. A connection whose reads have grown past it keeps its buffer.
+const RELEASED_READ_SIZE: usize = INIT_BUFFER_SIZE;
+
 /// The default maximum read buffer size. If the buffer gets this big and
 /// a message is still not complete, a `TooLarge` error is triggered.
 // Note: if this changes, update server::conn::Http::max_buf_size docs.
@@ -238,6 +242,11 @@ where
                 .max()
                 .saturating_sub(self.read_buf.len()),
         );
+        // PATCHED (idle buffers): buffers given back at an idle point are not taken again
+        // until bytes arrive; see `poll_read_released`.
+        if self.read_buf.capacity() == 0 && next <= RELEASED_READ_SIZE {
+            return self.poll_read_released(cx, next);
+        }
         if self.read_buf_remaining_mut() < next {
             self.read_buf.reserve(next);
         }
@@ -261,6 +270,59 @@ where
             }
             Poll::Pending => {
                 self.read_blocked = true;
+                self.release_read_buf();
+                Poll::Pending
+            }
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+        }
+    }
+
+    /// PATCHED (idle buffers): a read that would block with nothing read ahead gives the
+    /// read buffer back (8 KiB, or what the read strategy grew it to): the next read goes
+    /// into the stack (see `poll_read_released`).
+    fn release_read_buf(&mut self) {
+        if self.read_buf.is_empty() && self.read_buf.capacity() != 0 {
+            self.read_buf = BytesMut::new();
+        }
+    }
+
+    /// PATCHED (idle buffers): gives back the read buffer if nothing was read ahead, and
+    /// the write buffer's space if nothing is left to write: for a connection at an idle
+    /// point (see `Conn::poll_flush`).
+    pub(crate) fn release_if_idle(&mut self) {
+        self.release_read_buf();
+        if self.write_buf.remaining() == 0 {
+            if self.write_buf.headers.bytes.capacity() != 0 {
+                self.write_buf.headers = Cursor::new(Vec::new());
+            }
+            self.write_buf.queue.release();
+        }
+    }
+
+    /// PATCHED (idle buffers): reads with no buffer held, into the stack, and takes a buffer
+    /// only when bytes came: an idle connection's wait for readiness holds no heap buffer,
+    /// and a connection that is polled while nothing arrived allocates nothing. The same
+    /// one read as without the patch (`next` bytes at most, as the strategy asked); the
+    /// bytes are copied once into a buffer of their size.
+    fn poll_read_released(&mut self, cx: &mut Context<'_>, next: usize) -> Poll<io::Result<usize>> {
+        let mut stack = [std::mem::MaybeUninit::<u8>::uninit(); RELEASED_READ_SIZE];
+        let mut buf = ReadBuf::uninit(&mut stack[..next]);
+        match Pin::new(&mut self.io).poll_read(cx, buf.unfilled()) {
+            Poll::Ready(Ok(())) => {
+                let n = buf.filled().len();
+                trace!("received {} bytes", n);
+                // Exactly what came: a head and its small body, once parsed, leave the
+                // buffer with nothing to give back, and a small allocation is the
+                // allocator's cheapest. A head still incomplete grows it as `next` says.
+                if n > 0 {
+                    self.read_buf.extend_from_slice(buf.filled());
+                }
+                self.read_buf_strategy.record(n);
+                Poll::Ready(Ok(n))
+            }
+            Poll::Pending => {
+                self.read_blocked = true;
+                self.release_read_buf();
                 Poll::Pending
             }
             Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
