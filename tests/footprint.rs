@@ -85,7 +85,10 @@ async fn bytes_per_idle_connection(request: bool) -> (i64, GatewayProc) {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let after = resident_bytes(gw.pid());
     let per = (after - before) / CONNECTIONS as i64;
-    eprintln!("{per} bytes per connection ({} idle; {before} -> {after} resident)", if request { "kept alive" } else { "silent" });
+    eprintln!(
+        "{per} bytes per connection ({} idle; {before} -> {after} resident)",
+        if request { "kept alive" } else { "silent" }
+    );
     // Still open and served: what was measured is connections kept, not connections dropped.
     for stream in open.iter_mut().step_by(97) {
         one_request(stream).await;
