@@ -87,14 +87,6 @@ enum Command {
 /// The configuration file when none is named.
 const DEFAULT_CONFIG: &str = "gateway.toml";
 
-// mimalloc, not glibc's malloc: a request allocates and frees many small and mid-sized
-// blocks (a boxed request future of 4.3 KB, buffers of a head's size), which glibc serves
-// from its slower bins; mimalloc's size classes cost 4% fewer instructions per first
-// request and replay (docs/performance.md, "Another allocator, again"). Hazard: its resting
-// RSS is about 10 MB higher, and it returns freed memory to the system in its own time.
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // `--config` before a command names that command's file, as it always has.
