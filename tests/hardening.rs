@@ -87,6 +87,27 @@ async fn past_max_connections_new_clients_wait_instead_of_failing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_clients_past_max_connections_is_held_in_the_backlog_not_dropped() {
+    let upstream = TestUpstream::start().await;
+    let gw = start(upstream.addr, "max_connections = 1\nheader_read_timeout = \"30s\"", "");
+    // One silent connection holds the only place for the whole test...
+    let _silent = TcpStream::connect(gw.addr).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // ...so every client after it waits in the listen backlog: its connect completes (the
+    // kernel holds it) as long as the backlog has room. With tokio's default of 128 the
+    // 130th SYN was dropped and its connect never completed while the place was held.
+    let mut waiting = Vec::new();
+    for n in 0..500 {
+        match tokio::time::timeout(Duration::from_secs(5), TcpStream::connect(gw.addr)).await {
+            Ok(Ok(stream)) => waiting.push(stream),
+            Ok(Err(e)) => panic!("client {n} refused: {e}"),
+            Err(_) => panic!("client {n} was not held: the listen backlog is full after {n}"),
+        }
+    }
+    assert_eq!(waiting.len(), 500);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slowloris_head_is_cut_off_at_the_header_timeout() {
     let upstream = TestUpstream::start().await;
     let gw = start(upstream.addr, r#"header_read_timeout = "1s""#, "");

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use thiserror::Error;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -68,8 +68,23 @@ pub struct Server {
     budget: Budget,
 }
 
+/// Connections the kernel completes and holds for a listener until the gateway accepts them
+/// (capped by `net.core.somaxconn`). tokio's default, 128, overflowed when clients connected
+/// faster than the one thread accepted them, or while a listener at its connection cap lets
+/// new clients wait (a burst after a restart, a pool warming up): the kernel then drops the
+/// SYN and the client waits a second or more to try again.
+const LISTEN_BACKLOG: u32 = 1024;
+
 async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
-    TcpListener::bind(addr).await.map_err(|source| ServeError::Bind { addr, source })
+    let socket = if addr.is_ipv4() { TcpSocket::new_v4() } else { TcpSocket::new_v6() };
+    socket
+        .and_then(|socket| {
+            // As tokio's own bind: a restarted gateway binds while old connections linger.
+            socket.set_reuseaddr(true)?;
+            socket.bind(addr)?;
+            socket.listen(LISTEN_BACKLOG)
+        })
+        .map_err(|source| ServeError::Bind { addr, source })
 }
 
 impl Server {
