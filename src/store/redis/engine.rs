@@ -12,7 +12,7 @@ use tokio::task::JoinHandle;
 use super::journal::Journal;
 use super::links::{Links, Opened};
 use super::replicas::{ReplicaMetrics, Replicas};
-use super::round_trip::{Reply, protocol};
+use super::round_trip::{Reply, ms, protocol};
 use super::scripts::{Scripts, load_scripts};
 use super::sentinel::Follower;
 use super::settings::{self, Settings};
@@ -154,11 +154,6 @@ impl RedisStore {
     pub fn data_loss_counter(&self) -> Counter {
         self.data_loss.clone()
     }
-}
-
-pub(super) fn ms(d: Duration) -> u64 {
-    // Redis rejects a zero expiry; every duration here is validated positive, keep it so.
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
 impl Quota for RedisStore {

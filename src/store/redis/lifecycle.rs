@@ -8,10 +8,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use redis::{Cmd, RedisWrite, ToRedisArgs};
 
-use super::engine::{ASIDE_FROM, POLL_SUBSCRIBED, POLL_UNSUBSCRIBED, RedisStore, ms};
+use super::engine::{ASIDE_FROM, POLL_SUBSCRIBED, POLL_UNSUBSCRIBED, RedisStore};
 use super::journal::Wrote;
 use super::layout::{self, Record};
 use super::replicas::Written;
+use super::round_trip::ms;
 use super::round_trip::{Reply, protocol};
 use super::transport::Ack;
 use crate::policy::fingerprint::Fingerprint;

@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use redis::Value;
 
-use super::engine::{RedisStore, ms};
+use super::engine::RedisStore;
 use super::lifecycle::Encoded;
+use super::round_trip::ms;
 use super::round_trip::{Reply, protocol};
 use crate::store::entry::{Entry, EntryState, Purged, Resolved};
 use crate::store::error::Result;

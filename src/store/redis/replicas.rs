@@ -37,6 +37,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 use super::link::{Link, unavailable};
+use super::round_trip::ms;
 use crate::config::ReplicaAcks;
 use crate::store::error::StoreError;
 
@@ -324,9 +325,4 @@ impl Replicas {
             "too few replicas acknowledge: {what}"
         );
     }
-}
-
-/// Whole milliseconds for `WAIT`, at least one (0 would wait for ever).
-fn ms(d: Duration) -> u64 {
-    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }

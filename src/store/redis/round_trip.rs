@@ -9,6 +9,13 @@ use super::link::Link;
 use crate::store::error::StoreError;
 use crate::store::record::StoredResponse;
 
+/// Whole milliseconds for a command's duration argument, at least one: Redis rejects a zero
+/// expiry, and `WAIT` with 0 would wait for ever (every duration here is validated positive;
+/// keep it so).
+pub(super) fn ms(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
 /// What one round trip sends: one command or a pipeline, and behind it, when the write must
 /// be held by replicas, a `WAIT` on the same connection.
 pub(super) struct Request {
