@@ -268,6 +268,8 @@ impl Lifecycle for RedisStore {
             }
         };
         if let Some(large) = response.filter(|r| r.body.len() >= ASIDE_FROM) {
+            // Held until Redis has answered: the copies the command makes live as long.
+            let _room = self.transport.room(large.encoded_len()).await?;
             match self.settle_aside(lease, state, large, retention).await {
                 // While its slot migrates, the record may still be on the source node and the
                 // side key land on the target (ASK), or the two keys be split between them

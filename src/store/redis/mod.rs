@@ -23,10 +23,12 @@
 //! (`[store] replica_acks`), `replicas`; data-loss detection is `epoch`, and the recent keys
 //! it names, `journal`; the scripts and their loading are
 //! `scripts`; what one round trip sends and how its reply is read, `round_trip`; one call's
-//! way there and back (NOSCRIPT, MOVED, ASK, the timeout), `transport`. The roles read as the
+//! way there and back (NOSCRIPT, MOVED, ASK, the timeout), `transport`, and the room it
+//! leaves large answers, `budget`. The roles read as the
 //! state machine: the key's life and its lookups in `lifecycle`, an operator's calls and the
 //! index in `operator`, the store itself and the quota in `engine`.
 
+mod budget;
 mod engine;
 mod epoch;
 mod journal;

@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use prometheus_client::metrics::counter::Counter;
 use redis::{Cmd, ErrorKind, FromRedisValue, RedisResult, ServerErrorKind, Value};
 
+use super::budget::{BUDGET, Budget};
 use super::replicas::Held;
 
 use super::link::{Link, unavailable};
@@ -30,11 +31,19 @@ pub(super) struct Transport {
     timeout: Duration,
     /// Every command sent (each one round trip).
     commands: Counter,
+    /// Room for large answers on their way (see `budget`).
+    budget: Budget,
 }
 
 impl Transport {
     pub(super) fn new(links: Links, timeout: Duration) -> Self {
-        Self { links, timeout, commands: Counter::default() }
+        Self { links, timeout, commands: Counter::default(), budget: Budget::new(BUDGET) }
+    }
+
+    /// Room for a write carrying `bytes` of an answer, held while the permit lives; waited for
+    /// within the store timeout (see `budget`).
+    pub(super) async fn room(&self, bytes: usize) -> Result<tokio::sync::SemaphorePermit<'_>, StoreError> {
+        self.budget.take(bytes, self.timeout).await
     }
 
     /// The deadline of one call (`store.timeout`).
