@@ -3,8 +3,9 @@
 //! `IDEMGATE_PREVIOUS_BIN` names it when it is at hand. Otherwise it is built once per target
 //! directory from the commit `PREVIOUS` names, taken out of this repository's history with
 //! `git archive`, renamed `idemgate-previous` (so that its binary never replaces this build's
-//! `idemgate`), and built in this build's target directory: the dependencies are this build's
-//! own, already compiled, so only the gateway's two crates are.
+//! `idemgate`), and built in this build's target directory: the dependencies are mostly this
+//! build's own, already compiled, so only the gateway's two crates are, and those this build
+//! no longer takes from crates.io (hyper, which it patches: see vendor/README.md).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -32,6 +33,16 @@ pub fn binary() -> PathBuf {
     let source = target.join("previous").join(PREVIOUS);
     if !source.join("Cargo.toml").exists() {
         extract(&source);
+    }
+    // What the previous release needs and this build does not (crates.io's hyper, which this
+    // build patches) is fetched first; without a network, a cache that holds it will do, and
+    // the build below says what is missing.
+    let fetched = Command::new(env!("CARGO"))
+        .args(["fetch", "--quiet", "--manifest-path"])
+        .arg(source.join("Cargo.toml"))
+        .status();
+    if !fetched.is_ok_and(|s| s.success()) {
+        eprintln!("could not fetch the previous release's dependencies; building from the local cache");
     }
     let status = Command::new(env!("CARGO"))
         .args(["build", "--offline", "--quiet", "--bin", "idemgate-previous", "--manifest-path"])
