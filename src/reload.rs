@@ -5,8 +5,9 @@
 //! configuration stays. A good one becomes a new [`Gateway`] (routes, upstreams, policies,
 //! problem base, body timeout) that shares the running one's store, metrics and exchanges,
 //! and is swapped in atomically, with the listener's TLS certificate read again: requests in flight finish on the gateway they started with,
-//! new requests get the new one. What lives outside the gateway — the listeners, the store,
-//! connection limits, trusted proxies, the admin token, threads, logging — cannot change
+//! new requests get the new one. The admin tokens and the audit trail's retention are applied
+//! too: a token added or revoked counts from the next admin call. What lives outside the gateway — the listeners, the store,
+//! connection limits, trusted proxies, threads, logging — cannot change
 //! under a running process; such changes are reported as needing a restart, and the running
 //! values stay.
 //!
@@ -23,7 +24,7 @@ use arc_swap::ArcSwap;
 use thiserror::Error;
 
 use crate::config::change::{self, Comparison, Verdict};
-use crate::config::{Config, ConfigError, Limits, ListenerTls};
+use crate::config::{AdminAccess, Config, ConfigError, Limits, ListenerTls};
 use crate::gateway::{Gateway, SetupError};
 
 /// The gateway in service, and how to reload it.
@@ -31,6 +32,8 @@ pub struct Live {
     gateway: ArcSwap<Gateway>,
     /// The proxy listener's TLS, if it has any: renewed certificates are read on reload.
     tls: Option<ArcSwap<ListenerTls>>,
+    /// Who may call the admin API, as the running configuration says.
+    access: ArcSwap<AdminAccess>,
     /// The configuration the process started with: what it runs of `[server]` and `[store]`
     /// until a restart.
     started: Config,
@@ -70,7 +73,13 @@ impl Live {
     pub fn new(gateway: Gateway, started: Config, source: Option<PathBuf>) -> Self {
         let tls = started.server.tls.as_ref().map(|tls| ArcSwap::from_pointee(tls.clone()));
         let running = Mutex::new(started.clone());
-        Self { gateway: ArcSwap::from_pointee(gateway), tls, started, source, running }
+        let access = ArcSwap::from_pointee(started.server.access.clone());
+        Self { gateway: ArcSwap::from_pointee(gateway), tls, access, started, source, running }
+    }
+
+    /// Who may call the admin API now, and what the audit trail keeps.
+    pub fn access(&self) -> Arc<AdminAccess> {
+        self.access.load_full()
     }
 
     /// The proxy listener's TLS of the moment (its certificates), if the listener uses TLS.
@@ -99,6 +108,7 @@ impl Live {
         if let (Some(current), Some(tls)) = (&self.tls, &config.server.tls) {
             current.store(Arc::new(tls.clone()));
         }
+        self.access.store(Arc::new(config.server.access.clone()));
         let needs_restart = needs_restart(&self.started, &config);
         for warning in config.warning_lines(&source.display().to_string()) {
             tracing::warn!("{warning}");
@@ -122,7 +132,6 @@ fn needs_restart(running: &Config, next: &Config) -> Vec<&'static str> {
     [
         ("server.listen", a.listen != b.listen),
         ("server.admin_listen", a.admin_listen != b.admin_listen),
-        ("server.admin_token", a.admin_token != b.admin_token),
         ("server.worker_threads", a.worker_threads != b.worker_threads),
         ("server.shutdown_grace", a.shutdown_grace != b.shutdown_grace),
         ("server.log_format", a.log_format != b.log_format),

@@ -20,7 +20,7 @@ use crate::policy::IdempotencyPolicy;
 use crate::policy::errors::ErrorShape;
 use crate::policy::key::IdempotencyKey;
 use crate::policy::scope::Scope;
-use crate::store::{Backend, Index, Lifecycle, Lookups, Operator, Quota, RecordKey, Records};
+use crate::store::{Audit, Backend, Index, Lifecycle, Lookups, Operator, Quota, RecordKey, Records};
 use crate::telemetry::Telemetry;
 use crate::upstream::Upstream;
 
@@ -113,6 +113,11 @@ impl Runtime {
 
     /// What only an operator does to a record (the admin API's role).
     pub fn operator(&self) -> &(impl Operator + use<>) {
+        &*self.store
+    }
+
+    /// The audit trail of what operators did (the admin API's role).
+    pub fn audit(&self) -> &(impl Audit + use<>) {
         &*self.store
     }
 

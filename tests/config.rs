@@ -971,3 +971,77 @@ fn replica_acks_and_their_timeout_refuse_what_cannot_be_meant() {
     );
     assert!(single.iter().any(|(k, r)| k == "store.replica_acks" && r.contains("one server")), "{single:?}");
 }
+
+/// `[[server.admin_tokens]]`: each token named once, its secret from the environment or a
+/// file (never the configuration), under the same rules as `admin_token`, and no secret
+/// shared by two names (the audit trail names who acted by their token).
+#[test]
+fn named_admin_tokens_are_checked_each_and_against_each_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("token");
+    std::fs::write(&file, "a-token-from-a-file-0123\n").unwrap();
+    let token = |name: &str, role: &str, source: &str| {
+        format!("\n[[server.admin_tokens]]\nname = \"{name}\"\nrole = \"{role}\"\n{source}\n")
+    };
+    let with = |tokens: &str| {
+        format!("{}{tokens}", MINIMAL.replace("[store]", "admin_token = \"legacy-token-0123456789\"\n\n[store]"))
+    };
+    let env = |name: &str| match name {
+        "ALICE" => Some("alice-token-0123456789".to_owned()),
+        "SHORT" => Some("short".to_owned()),
+        "SAME" => Some("legacy-token-0123456789".to_owned()),
+        _ => None,
+    };
+    let issues = |text: &str| match Config::from_toml_with_env(text, "test.toml", &env) {
+        Err(ConfigError::Invalid { issues, .. }) => issues.into_iter().map(|i| (i.key, i.reason)).collect::<Vec<_>>(),
+        other => panic!("expected validation issues, got {other:?}"),
+    };
+    let file_source = format!("token_file = \"{}\"", file.display());
+    let good = with(&(token("alice", "operate", "token_env = \"ALICE\"") + &token("viewer", "read", &file_source)));
+    let config = Config::from_toml_with_env(&good, "test.toml", &env).unwrap_or_else(|e| panic!("{e}"));
+    let named: Vec<(&str, &str)> =
+        config.server.access.tokens.iter().map(|t| (t.name.as_str(), t.role.as_str())).collect();
+    assert_eq!(named, [("admin", "operate"), ("alice", "operate"), ("viewer", "read")]);
+    assert_eq!(config.server.access.tokens[2].secret, "a-token-from-a-file-0123", "trimmed");
+    assert!(!format!("{config:?}").contains("alice-token"), "a token is never in a debug print");
+
+    let cases = [
+        (token("admin", "read", "token_env = \"ALICE\""), "server.admin_tokens[0].name", "taken by server.admin_token"),
+        (token("a b", "read", "token_env = \"ALICE\""), "server.admin_tokens[0].name", "A-Z a-z 0-9 - _ ."),
+        (
+            token("bob", "write", "token_env = \"ALICE\""),
+            "server.admin_tokens[0].role",
+            "neither \"read\" nor \"operate\"",
+        ),
+        (token("bob", "read", ""), "server.admin_tokens[0]", "never written in the configuration"),
+        (
+            token("bob", "read", &format!("token_env = \"ALICE\"\n{file_source}")),
+            "server.admin_tokens[0].token_file",
+            "not both",
+        ),
+        (token("bob", "read", "token_env = \"NOPE\""), "server.admin_tokens[0].token_env", "\"NOPE\" is not set"),
+        (
+            token("bob", "read", "token_file = \"/nonexistent/token\""),
+            "server.admin_tokens[0].token_file",
+            "cannot read /nonexistent/token",
+        ),
+        (token("bob", "read", "token_env = \"SHORT\""), "server.admin_tokens[0].token_env", "at least 16"),
+        (token("bob", "read", "token_env = \"SAME\""), "server.admin_tokens[0].token_env", "same token as \"admin\""),
+        (
+            token("bob", "read", "token_env = \"ALICE\"") + &token("bob", "operate", &file_source),
+            "server.admin_tokens[1].name",
+            "taken by an earlier token",
+        ),
+    ];
+    for (tokens, key, reason) in &cases {
+        let found = issues(&with(tokens));
+        assert!(found.iter().any(|(k, r)| k == key && r.contains(reason)), "no {key}: ...{reason}... in {found:#?}");
+        for (_, r) in &found {
+            assert!(!r.contains("alice-token") && !r.contains("legacy-token"), "a token is printed: {r}");
+        }
+    }
+    let retention = MINIMAL.replace("[store]", "audit_max_entries = 0\naudit_max_age = \"0s\"\n\n[store]");
+    let found = issues(&retention);
+    assert!(found.iter().any(|(k, _)| k == "server.audit_max_entries"), "{found:#?}");
+    assert!(found.iter().any(|(k, _)| k == "server.audit_max_age"), "{found:#?}");
+}

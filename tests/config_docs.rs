@@ -17,6 +17,7 @@ use std::path::Path;
 const TABLES: &[(&str, &str, &str)] = &[
     ("", "File", ""),
     ("server", "ServerSection", "[server]"),
+    ("server.admin_tokens", "AdminTokenSection", "[[server.admin_tokens]]"),
     ("server.tls", "TlsSection", "[server.tls]"),
     ("server.tls.certs", "HostCertSection", "[[server.tls.certs]]"),
     ("store", "StoreSection", "[store]"),

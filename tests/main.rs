@@ -35,6 +35,7 @@ mod redis_tls;
 mod redis_tls_topologies;
 mod reload;
 mod replicas;
+mod roles;
 mod store_contract;
 mod store_model;
 mod telemetry;

@@ -2,16 +2,16 @@
 //! read, the caller's record named, the answer of a `PUT` read within its deadline, and each
 //! outcome mapped to its status and document.
 
-use std::net::IpAddr;
-
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode, header};
 use hyper::body::Incoming;
 use serde_json::json;
 
 use super::respond::{json_response, problem};
 use crate::body::{Body, BodyError};
+use crate::config::AuditRetention;
 use crate::gateway::Gateway;
 use crate::host;
+use crate::operator::audit::Actor;
 use crate::operator::{Keys, Refusal, wire};
 use crate::policy::scope::{MissingScope, Scope};
 use crate::runtime::IdempotentRoute;
@@ -85,7 +85,29 @@ impl KeysQuery {
     }
 }
 
-pub(super) async fn keys(gw: &Gateway, peer: IpAddr, request: Request<Incoming>) -> Response<Body> {
+/// What a change to keys asked for by `method` with `query` is called in the audit trail,
+/// before the query is read in full (a call refused for its role).
+pub(super) fn action_of(method: &Method, query: &str) -> &'static str {
+    if *method != Method::DELETE {
+        return "resolve";
+    }
+    let forced = form_urlencoded::parse(query.as_bytes()).any(|(k, v)| k == "force" && v == "true");
+    if forced { "forced-release" } else { "release" }
+}
+
+/// The idempotent route a `/keys` query names, when the configuration has one by that name
+/// (never the caller's text otherwise: it goes to the audit trail).
+pub(super) fn route_named(gw: &Gateway, query: &str) -> Option<String> {
+    let (_, name) = form_urlencoded::parse(query.as_bytes()).find(|(k, _)| k == "route")?;
+    gw.idempotent_route(&name).map(|route| route.name.clone())
+}
+
+pub(super) async fn keys(
+    gw: &Gateway,
+    actor: &Actor,
+    retention: AuditRetention,
+    request: Request<Incoming>,
+) -> Response<Body> {
     let (parts, body) = request.into_parts();
     let bad = |detail: &str| problem(gw, StatusCode::BAD_REQUEST, "admin-bad-request", "Bad request", detail);
     let query = match KeysQuery::parse(parts.uri.query().unwrap_or("")) {
@@ -98,7 +120,7 @@ pub(super) async fn keys(gw: &Gateway, peer: IpAddr, request: Request<Incoming>)
     let Some(route) = gw.idempotent_route(route_name) else {
         return bad(&unknown_route(gw, route_name));
     };
-    let keys = Keys::new(gw.runtime(), route, peer);
+    let keys = Keys::new(gw.runtime(), route, actor, retention);
     let reading = parts.method == Method::GET || parts.method == Method::HEAD;
     if reading && query.key.is_none() && query.state.is_some() {
         return list(gw, &keys, &query).await;
@@ -123,7 +145,7 @@ pub(super) async fn keys(gw: &Gateway, peer: IpAddr, request: Request<Incoming>)
             let answer = match read_answer(gw, route, &parts.headers, body).await {
                 Ok(answer) => answer,
                 Err(refused) => {
-                    keys.refused_answer(&record);
+                    keys.refused_answer(&record, refused.status().as_u16()).await;
                     return refused;
                 }
             };

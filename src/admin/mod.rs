@@ -5,23 +5,27 @@
 //! own (`admin_max_connections`): a flood on the admin port must never take the descriptors
 //! the proxy needs (see `server` and `descriptors`). The key
 //! endpoints can purge records (after which a retry would run again upstream), so they, and
-//! `/routes` and `/reload`, are off unless `server.admin_token` (or `admin_token_env`) is set,
-//! and then require `Authorization: Bearer <token>`.
+//! `/routes`, `/audit` and `/reload`, are off unless an admin token is configured
+//! (`server.admin_token`, `admin_token_env`, `[[server.admin_tokens]]`), and then require
+//! `Authorization: Bearer <token>`: a `read` token for what only looks, an `operate` token
+//! (`admin_token` is one) for what changes. Every change asked for, made or refused, goes to
+//! the audit trail (`operator::audit`).
 //!
 //! ```text
 //! GET    /healthz                                 200 while the process runs (HEAD too)
 //! GET    /readyz                                  200 when the store answers and not draining
 //! GET    /metrics                                 Prometheus text format
 //! GET    /policy                                  the idempotency policy, Markdown (public)
-//! GET    /routes                                  the routing table with policies, JSON (token)
-//! POST   /reload                                  re-read the config file (token)
-//! GET    /keys?route=R&key=K[&scope_hash=H]   the record of key K (JSON)
+//! GET    /routes                                  the routing table with policies, JSON (read)
+//! GET    /audit[?cursor=C&limit=N]                the audit trail, newest first (read)
+//! POST   /reload                                  re-read the config file (operate)
+//! GET    /keys?route=R&key=K[&scope_hash=H]   the record of key K (JSON; read)
 //! PUT    /keys?route=R&key=K[&scope_hash=H]   complete an unknown or executed record with
-//!                                             the answer in the body (JSON)
+//!                                             the answer in the body (JSON; operate)
 //! DELETE /keys?route=R&key=K[&scope_hash=H][&force=true]   release it (a key a running
-//!                                             request holds: only with force)
+//!                                             request holds: only with force; operate)
 //! GET    /keys?route=R&state=S[&cursor=C&limit=N]  the route's records in state S (unknown,
-//!                                             executed): the ones that need an operator
+//!                                             executed): the ones that need an operator (read)
 //! ```
 //!
 //! The caller whose key it is: its scope headers, each sent as `Scope-NAME` (for a route
@@ -39,14 +43,17 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
+mod audit;
 mod keys;
 mod respond;
 
 use self::keys::keys;
 use self::respond::{json_response, problem, text};
 use crate::body::{self, Body};
+use crate::config::AdminRole;
 use crate::gateway::Gateway;
 use crate::operator::Keys;
+use crate::operator::audit::{self as trail, Actor, Change, Outcome};
 use crate::reload::Live;
 use crate::store::{Lifecycle, Severity};
 
@@ -56,9 +63,8 @@ type Checked = (std::time::Instant, Vec<String>);
 /// The admin service's shared state.
 #[derive(Clone)]
 pub struct Admin {
+    /// The gateway, and who may call (its tokens, read again on every reload).
     live: Arc<Live>,
-    /// SHA-256 of the token: compared in constant time regardless of the token's length.
-    token_hash: Option<[u8; 32]>,
     /// When the unknown-records gauge was last counted (see `refresh_unknown_records`).
     counted: Arc<std::sync::Mutex<Option<std::time::Instant>>>,
     /// What `/readyz` last said about the store's settings, and when (see `store_findings`).
@@ -66,24 +72,21 @@ pub struct Admin {
 }
 
 impl Admin {
-    /// An admin service; key endpoints are enabled only with a token.
-    pub fn new(live: Arc<Live>, token: Option<String>) -> Self {
-        Self {
-            live,
-            token_hash: token.map(|t| Sha256::digest(t.trim().as_bytes()).into()),
-            counted: Arc::default(),
-            settings: Arc::default(),
-        }
+    /// An admin service; the endpoints that need a token are enabled only while one is
+    /// configured.
+    pub fn new(live: Arc<Live>) -> Self {
+        Self { live, counted: Arc::default(), settings: Arc::default() }
     }
 }
 
 /// The admin endpoints and the methods each allows (HEAD wherever GET is).
-const ENDPOINTS: [(&str, &str); 7] = [
+const ENDPOINTS: [(&str, &str); 8] = [
     ("/healthz", "GET, HEAD"),
     ("/readyz", "GET, HEAD"),
     ("/metrics", "GET, HEAD"),
     ("/policy", "GET, HEAD"),
     ("/routes", "GET, HEAD"),
+    ("/audit", "GET, HEAD"),
     ("/reload", "POST"),
     ("/keys", "GET, HEAD, PUT, DELETE"),
 ];
@@ -138,33 +141,68 @@ pub async fn handle(
             r
         }
         (&Method::POST, "/reload") => {
-            if let Some(denied) = authorize(admin, request.headers()) {
-                return denied;
-            }
-            match admin.live.reload() {
+            let actor = match authorize(admin, request.headers(), peer, AdminRole::Operate) {
+                Access::Granted(actor) => actor,
+                Access::Forbidden(actor) => return forbidden(admin, gw, &actor, "reload", None).await,
+                Access::Denied(denied) => return denied,
+            };
+            // The retention the trail is kept with is the running one, also for the entry
+            // of the reload that changes it.
+            let retention = admin.live.access().audit;
+            let (response, outcome, detail) = match admin.live.reload() {
                 Ok(done) => {
-                    json_response(StatusCode::OK, &json!({ "reloaded": true, "needs_restart": done.needs_restart }))
+                    let detail = match done.needs_restart.as_slice() {
+                        [] => "reloaded".to_owned(),
+                        held => format!("reloaded; needs a restart: {}", held.join(", ")),
+                    };
+                    let body = json!({ "reloaded": true, "needs_restart": done.needs_restart });
+                    (json_response(StatusCode::OK, &body), Outcome::Done, detail)
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "reload refused; the running configuration stays");
-                    json_response(
-                        StatusCode::UNPROCESSABLE_ENTITY,
-                        &json!({ "reloaded": false, "error": e.to_string() }),
-                    )
+                    let body = json!({ "reloaded": false, "error": e.to_string() });
+                    let detail = format!("refused: {e}");
+                    (json_response(StatusCode::UNPROCESSABLE_ENTITY, &body), Outcome::Failed, detail)
                 }
-            }
+            };
+            let change = Change {
+                action: "reload",
+                route: None,
+                record: None,
+                before: None,
+                after: None,
+                outcome,
+                status: response.status().as_u16(),
+                detail: &detail,
+            };
+            trail::write(gw.runtime(), retention, &actor, change).await;
+            response
         }
         (&Method::GET, "/routes") => {
-            if let Some(denied) = authorize(admin, request.headers()) {
+            if let Access::Denied(denied) = authorize(admin, request.headers(), peer, AdminRole::Read) {
                 return denied;
             }
             json_response(StatusCode::OK, &crate::publish::routes_json(gw.route_configs()))
         }
-        (&Method::GET | &Method::DELETE | &Method::PUT, "/keys") => {
-            if let Some(denied) = authorize(admin, request.headers()) {
+        (&Method::GET, "/audit") => {
+            if let Access::Denied(denied) = authorize(admin, request.headers(), peer, AdminRole::Read) {
                 return denied;
             }
-            keys(gw, peer, request).await
+            audit::page(gw, request.uri().query().unwrap_or("")).await
+        }
+        (&Method::GET | &Method::DELETE | &Method::PUT, "/keys") => {
+            let needs = if *method == Method::GET { AdminRole::Read } else { AdminRole::Operate };
+            let actor = match authorize(admin, request.headers(), peer, needs) {
+                Access::Granted(actor) => actor,
+                Access::Forbidden(actor) => {
+                    let query = request.uri().query().unwrap_or("");
+                    let action = keys::action_of(request.method(), query);
+                    let route = keys::route_named(gw, query);
+                    return forbidden(admin, gw, &actor, action, route.as_deref()).await;
+                }
+                Access::Denied(denied) => return denied,
+            };
+            keys(gw, &actor, admin.live.access().audit, request).await
         }
         (method, path) => match ENDPOINTS.iter().find(|(p, _)| *p == path) {
             Some((_, allow)) => {
@@ -237,38 +275,97 @@ async fn refresh_unknown_records(admin: &Admin, gw: &Gateway) {
     }
 }
 
-fn authorize(admin: &Admin, headers: &HeaderMap) -> Option<Response<Body>> {
+/// What a call's token lets it do.
+enum Access {
+    /// The token's role allows the call.
+    Granted(Actor),
+    /// A valid token whose role does not allow the call (403, audited).
+    Forbidden(Actor),
+    /// No token configured (404), or none valid presented (401).
+    Denied(Response<Body>),
+}
+
+/// Who calls, by the bearer token presented, and whether their role allows what `needs`.
+///
+/// The presented token is hashed (SHA-256) and compared with the hash of every configured
+/// token, each in constant time and without stopping at a match, so that neither the
+/// comparison nor how many tokens were tried tells a caller how close their guess was. The
+/// tokens are the running configuration's: one added or revoked by a reload counts from the
+/// next call.
+fn authorize(admin: &Admin, headers: &HeaderMap, peer: IpAddr, needs: AdminRole) -> Access {
     let gw = &admin.live.gateway();
-    let Some(expected) = admin.token_hash else {
+    let access = admin.live.access();
+    if access.tokens.is_empty() {
         // The slug predates /routes and /reload; clients and alerts match on it, so it stays.
-        return Some(problem(
+        return Access::Denied(problem(
             gw,
             StatusCode::NOT_FOUND,
             "admin-keys-disabled",
             "Admin endpoints that need a token are disabled",
-            "/keys, /routes and /reload need a token, and none is configured: set \
+            "/keys, /routes, /audit and /reload need a token, and none is configured: set \
              server.admin_token (or server.admin_token_env, the name of an environment variable \
-             holding it) and restart the gateway to enable them.",
+             holding it), or add [[server.admin_tokens]], and reload or restart the gateway.",
         ));
-    };
+    }
     let presented = headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         // The scheme is case-insensitive (RFC 9110 §11.1): "bearer" is "Bearer".
         .and_then(|v| v.trim().split_once(' ').filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer")))
-        .map(|(_, token)| token)
-        .map(|t| <[u8; 32]>::from(Sha256::digest(t.trim().as_bytes())));
-    let matches = presented.is_some_and(|p| p.iter().zip(expected.iter()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) == 0);
-    if matches {
-        return None;
+        .map(|(_, token)| <[u8; 32]>::from(Sha256::digest(token.trim().as_bytes())));
+    let mut found = None;
+    if let Some(presented) = presented {
+        for (i, token) in access.tokens.iter().enumerate() {
+            let expected = <[u8; 32]>::from(Sha256::digest(token.secret.as_bytes()));
+            let differs = presented.iter().zip(expected.iter()).fold(0u8, |acc, (a, b)| acc | (a ^ b));
+            // Secrets are unique (`check` refuses two alike): at most one matches.
+            if differs == 0 {
+                found = Some(i);
+            }
+        }
     }
-    let mut r = problem(
-        gw,
-        StatusCode::UNAUTHORIZED,
-        "admin-unauthorized",
-        "Unauthorized",
-        "A valid bearer token is required.",
+    let Some(token) = found.and_then(|i| access.tokens.get(i)) else {
+        let mut r = problem(
+            gw,
+            StatusCode::UNAUTHORIZED,
+            "admin-unauthorized",
+            "Unauthorized",
+            "A valid bearer token is required.",
+        );
+        r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        return Access::Denied(r);
+    };
+    let actor = Actor { name: token.name.clone(), role: token.role, from: peer };
+    match (needs, token.role) {
+        (AdminRole::Operate, AdminRole::Read) => Access::Forbidden(actor),
+        _ => Access::Granted(actor),
+    }
+}
+
+/// The answer to a `read` token's change (403 `admin-forbidden`), written to the audit
+/// trail as refused: `route` only when the call named one the configuration has.
+async fn forbidden(
+    admin: &Admin,
+    gw: &Gateway,
+    actor: &Actor,
+    action: &'static str,
+    route: Option<&str>,
+) -> Response<Body> {
+    let detail = format!(
+        "The token {:?} has the read role: it may look, not change. Nothing changed; an operate token may {}.",
+        actor.name,
+        if action == "reload" { "reload the configuration" } else { "change keys" }
     );
-    r.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-    Some(r)
+    let change = Change {
+        action,
+        route,
+        record: None,
+        before: None,
+        after: None,
+        outcome: Outcome::Forbidden,
+        status: 403,
+        detail: "refused: the read role may not change anything",
+    };
+    trail::write(gw.runtime(), admin.live.access().audit, actor, change).await;
+    problem(gw, StatusCode::FORBIDDEN, "admin-forbidden", "Forbidden", &detail)
 }

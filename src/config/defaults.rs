@@ -17,6 +17,12 @@ pub const MAX_RESET_STREAMS: usize = 100;
 pub const H2_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(20);
 /// The admin token `gateway.toml` shows as an example: anyone who has read it knows it.
 pub const SAMPLE_ADMIN_TOKEN: &str = "change-me-to-a-long-random-string";
+/// The name `admin_token` holds in the audit trail, beside `[[server.admin_tokens]]`.
+pub const ADMIN_TOKEN_NAME: &str = "admin";
+/// `server.audit_max_entries`: months of a busy team's changes, a few MB of Redis memory.
+pub const AUDIT_MAX_ENTRIES: u64 = 10_000;
+/// `server.audit_max_age`.
+pub const AUDIT_MAX_AGE: Duration = Duration::from_secs(90 * 24 * 3600);
 pub const PROBLEM_BASE: &str = "https://github.com/idemgate/idemgate/blob/main/docs/errors.md#";
 pub const STORE_TIMEOUT: Duration = Duration::from_secs(1);
 /// One multiplexed connection pipelines every concurrent call into shared writes; more

@@ -112,6 +112,12 @@ pub struct ServerSection {
     pub admin_token: Option<String>,
     /// Name of an environment variable holding the admin token (instead of `admin_token`).
     pub admin_token_env: Option<String>,
+    /// Named admin tokens, each with its role (`[[server.admin_tokens]]`).
+    pub admin_tokens: Option<Vec<AdminTokenSection>>,
+    /// Entries the audit trail keeps; the oldest go first.
+    pub audit_max_entries: Option<u64>,
+    /// Age past which audit entries go.
+    pub audit_max_age: Option<HumanDuration>,
     /// How long in-flight exchanges may run on after SIGTERM before their keys are released.
     pub shutdown_grace: Option<HumanDuration>,
     /// Prefix of the `type` URI of problem+json error responses; the error's slug is appended.
@@ -144,6 +150,20 @@ pub struct ServerSection {
     pub log_format: Option<String>,
     /// Serve the proxy listener over TLS.
     pub tls: Option<TlsSection>,
+}
+
+/// `[[server.admin_tokens]]`: one operator's (or one tool's) token. The secret is never in
+/// the file: it is read from the environment or from a file of its own.
+#[derive(Debug, Deserialize)]
+pub struct AdminTokenSection {
+    /// Who holds it, as the audit trail names them.
+    pub name: String,
+    /// `"read"` or `"operate"`.
+    pub role: String,
+    /// Name of an environment variable holding the token.
+    pub token_env: Option<String>,
+    /// A file holding the token (trailing whitespace ignored), e.g. a mounted secret.
+    pub token_file: Option<PathBuf>,
 }
 
 /// `[server.tls]`

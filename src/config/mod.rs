@@ -10,6 +10,7 @@
 //! compares two valid configurations: what the next one does to the records the running one
 //! made.
 
+mod admin;
 pub mod change;
 mod defaults;
 mod file;
@@ -21,6 +22,7 @@ mod units;
 mod validate;
 mod words;
 
+pub use self::admin::{AdminAccess, AdminRole, AdminToken, AuditRetention};
 pub use self::redis_url::{Address, Auth, Target as RedisTarget};
 pub use self::store::{RedisTls, ReplicaAcks, StoreBackendConfig, StoreConfig};
 pub use self::tls::{HostCert, ListenerTls, Served, TlsError};
@@ -66,8 +68,11 @@ pub struct ServerConfig {
     pub listen: SocketAddr,
     /// Admin listener, if any.
     pub admin_listen: Option<SocketAddr>,
-    /// Bearer token for the admin key endpoints; they are disabled without one.
+    /// Bearer token for the admin key endpoints (`admin_token`, `admin_token_env`); they are
+    /// disabled without any token.
     pub admin_token: Option<String>,
+    /// Who may call the admin API and what the audit trail keeps: applied by a reload.
+    pub access: AdminAccess,
     /// Drain period on SIGTERM.
     pub shutdown_grace: Duration,
     /// Prefix of problem+json `type` URIs.

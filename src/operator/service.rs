@@ -1,12 +1,13 @@
 //! The operator's calls on one route's keys. Each is a store call or two with the index kept
 //! in step (a released or resolved key no longer needs an operator; a listed entry whose
-//! record moved on is dropped), and every change is audited: one line under the target
-//! `idemgate::audit`, saying who changed which key, from what, to what.
+//! record moved on is dropped), and every change is audited (see `audit`): who changed which
+//! key, from what, to what.
 
-use std::net::IpAddr;
 use std::time::Duration;
 
+use super::audit::{self, Actor, Change, Outcome};
 use super::wire;
+use crate::config::AuditRetention;
 use crate::runtime::{IdempotentRoute, Runtime};
 use crate::store::{
     Cursor, Index as _, IndexKey, Operator as _, Purged, RecordKey, Records as _, Resolved, State, StoreError,
@@ -38,18 +39,20 @@ impl From<StoreError> for Refusal {
     }
 }
 
-/// What an operator, calling from `by`, does to the keys of one idempotent route.
+/// What an operator (`by`) does to the keys of one idempotent route, each change written to
+/// the audit trail kept as `retention` says.
 pub(crate) struct Keys<'a> {
     rt: &'a Runtime,
     route: &'a IdempotentRoute,
     index: IndexKey,
-    by: IpAddr,
+    by: &'a Actor,
+    retention: AuditRetention,
 }
 
 impl<'a> Keys<'a> {
-    /// The keys of `route`, for an operator calling from `by`.
-    pub fn new(rt: &'a Runtime, route: &'a IdempotentRoute, by: IpAddr) -> Self {
-        Self { rt, route, index: IndexKey::new(rt.key_prefix(), &route.policy.identity.name), by }
+    /// The keys of `route`, for the operator `by`.
+    pub fn new(rt: &'a Runtime, route: &'a IdempotentRoute, by: &'a Actor, retention: AuditRetention) -> Self {
+        Self { rt, route, index: IndexKey::new(rt.key_prefix(), &route.policy.identity.name), by, retention }
     }
 
     /// What the store holds for `record`.
@@ -63,21 +66,24 @@ impl<'a> Keys<'a> {
         let action = if force { "forced-release" } else { "release" };
         match self.rt.operator().purge(record, force).await {
             Ok(Purged::Released { was }) => {
-                self.audit(action, record, Some(was), "released");
                 // Best effort: an entry left behind is dropped when next listed.
                 let _ = self.rt.index().unindex(&self.index, record).await;
+                let (before, after) = (Some(was.name()), Some(State::Released.name()));
+                self.audit(action, record, (before, after), Outcome::Done, 200, "released").await;
                 Ok(wire::Released { released: true, was: Some(was) })
             }
             Ok(Purged::Nothing) => {
-                self.audit(action, record, None, "nothing to release");
+                self.audit(action, record, (None, None), Outcome::Nothing, 200, "nothing to release").await;
                 Ok(wire::Released { released: false, was: None })
             }
             Ok(Purged::Refused { lease_left }) => {
-                self.audit(action, record, Some(State::InProgress), "refused: a request holds the key");
+                let held = Some(State::InProgress.name());
+                let detail = "refused: a request holds the key";
+                self.audit(action, record, (held, held), Outcome::Conflict, 409, detail).await;
                 Err(Refusal::Running { lease_left })
             }
             Err(e) => {
-                self.audit(action, record, None, "store error");
+                self.audit(action, record, (None, None), Outcome::Failed, failed_status(&e), "store error").await;
                 Err(e.into())
             }
         }
@@ -88,25 +94,28 @@ impl<'a> Keys<'a> {
     pub async fn resolve(&self, record: &RecordKey, answer: &StoredResponse) -> Result<wire::Resolved, Refusal> {
         match self.rt.operator().resolve(record, answer, self.route.policy.retention).await {
             Ok(Resolved::Done { was }) => {
-                self.audit("resolve", record, Some(was), &format!("resolved with {}", answer.status.as_u16()));
                 let _ = self.rt.index().unindex(&self.index, record).await;
+                let detail = format!("resolved with {}", answer.status.as_u16());
+                let states = (Some(was.name()), Some(State::Completed.name()));
+                self.audit("resolve", record, states, Outcome::Done, 200, &detail).await;
                 Ok(wire::Resolved { resolved: true, was })
             }
             Ok(Resolved::Refused { state }) => {
-                let before = state.map_or(wire::ABSENT, State::name);
-                self.audit_named("resolve", record, before, "refused: not unknown or executed");
+                let held = Some(state.map_or(wire::ABSENT, State::name));
+                let detail = "refused: not unknown or executed";
+                self.audit("resolve", record, (held, held), Outcome::Conflict, 409, detail).await;
                 Err(Refusal::NotHeld { state })
             }
             Err(e) => {
-                self.audit("resolve", record, None, "store error");
+                self.audit("resolve", record, (None, None), Outcome::Failed, failed_status(&e), "store error").await;
                 Err(e.into())
             }
         }
     }
 
     /// Notes a resolve refused before the store was asked: its body was not an answer.
-    pub fn refused_answer(&self, record: &RecordKey) {
-        self.audit("resolve", record, None, "refused: not an answer");
+    pub async fn refused_answer(&self, record: &RecordKey, status: u16) {
+        self.audit("resolve", record, (None, None), Outcome::BadRequest, status, "refused: not an answer").await;
     }
 
     /// One page of the route's records in `held` (a state that needs an operator), oldest
@@ -143,20 +152,33 @@ impl<'a> Keys<'a> {
         rt.index().count(&IndexKey::new(rt.key_prefix(), &route.policy.identity.name), State::Unknown).await
     }
 
-    fn audit(&self, action: &'static str, record: &RecordKey, before: Option<State>, result: &str) {
-        self.audit_named(action, record, before.map_or("-", State::name), result);
-    }
-
-    fn audit_named(&self, action: &'static str, record: &RecordKey, before: &str, result: &str) {
-        tracing::info!(
-            target: "idemgate::audit",
-            peer = %self.by,
+    async fn audit(
+        &self,
+        action: &'static str,
+        record: &RecordKey,
+        (before, after): (Option<&str>, Option<&str>),
+        outcome: Outcome,
+        status: u16,
+        detail: &str,
+    ) {
+        let change = Change {
             action,
-            route = %self.route.name,
-            key = record.short(),
+            route: Some(&self.route.name),
+            record: Some(record.short()),
             before,
-            result,
-            "operator changed a key"
-        );
+            after,
+            outcome,
+            status,
+            detail,
+        };
+        audit::write(self.rt, self.retention, self.by, change).await;
+    }
+}
+
+/// The status a store failure is answered with (see `admin::keys::store_failed`).
+fn failed_status(e: &StoreError) -> u16 {
+    match e {
+        StoreError::Rejected(_) => 500,
+        _ => 503,
     }
 }

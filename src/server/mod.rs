@@ -99,7 +99,7 @@ impl Server {
         let listener = bind(config.server.listen).await?;
         let admin = match config.server.admin_listen {
             Some(addr) => {
-                let admin = Admin::new(Arc::clone(&live), config.server.admin_token.clone());
+                let admin = Admin::new(Arc::clone(&live));
                 Some((bind(addr).await?, admin))
             }
             None => None,

@@ -7,6 +7,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 
+use super::audit::{AuditId, AuditPage};
 use super::entry::{Entry, Purged, Resolved};
 use super::error::StoreError;
 use super::index::{Cursor, IndexEntry, IndexKey, Page};
@@ -16,7 +17,7 @@ use super::memory::MemoryStore;
 use super::names::{OwnerToken, QuotaKey, RecordKey};
 use super::record::StoredResponse;
 use super::redis::{RedisStore, Settings};
-use super::roles::{Index, Lifecycle, Lookups, Operator, Quota, Records, with_roles};
+use super::roles::{Audit, Index, Lifecycle, Lookups, Operator, Quota, Records, with_roles};
 use super::state::State;
 use super::waiters::Watch;
 use crate::config::{StoreBackendConfig, StoreConfig};
@@ -43,8 +44,8 @@ pub struct Backend {
 }
 
 /// The `call` labels, in the order of `Backend::by_call`.
-const CALLS: [&str; 11] =
-    ["claim", "renew", "settle", "release", "get", "purge", "resolve", "lookup", "index", "quota", "ping"];
+const CALLS: [&str; 12] =
+    ["claim", "renew", "settle", "release", "get", "purge", "resolve", "lookup", "index", "audit", "quota", "ping"];
 
 /// Where `call` is in [`CALLS`]; evaluated at compile time, so a call without a label does
 /// not build.

@@ -15,6 +15,7 @@
 //!
 //! This file only names the parts: nothing below imports it.
 
+mod audit;
 mod backend;
 mod entry;
 mod error;
@@ -30,6 +31,7 @@ mod roles;
 mod state;
 mod waiters;
 
+pub use self::audit::{AuditEntry, AuditId, AuditPage};
 pub use self::backend::{Backend, CallLabel, Engine};
 pub use self::entry::{Entry, EntryState, Purged, Resolved};
 pub use self::error::{Result, StoreError};
@@ -40,7 +42,7 @@ pub use self::memory::MemoryStore;
 pub use self::names::{OwnerToken, QuotaKey, RecordKey};
 pub use self::record::{RecordError, StoredResponse};
 pub use self::redis::{Acks, Persistence, RedisStore, ReplicaMetrics, Settings, Severity};
-pub use self::roles::{Index, Lifecycle, Lookups, Operator, Quota, Records};
+pub use self::roles::{Audit, Index, Lifecycle, Lookups, Operator, Quota, Records};
 pub use self::state::State;
 pub use self::waiters::Watch;
 pub use crate::body::Payload;

@@ -1,8 +1,9 @@
-//! What the store does, as six narrow roles: the key's [`Lifecycle`] (what every request
+//! What the store does, as seven narrow roles: the key's [`Lifecycle`] (what every request
 //! calls), [`Lookups`] of unknown outcomes, [`Records`] read as they are, the [`Index`] of
-//! records that need an operator, what an [`Operator`] does to them, and the [`Quota`] of new
-//! keys. Each call is atomic in the store. The request path holds the first five roles but
-//! the operator's; the admin API holds records, the index and the operator's.
+//! records that need an operator, what an [`Operator`] does to them, the [`Audit`] trail of
+//! what operators did, and the [`Quota`] of new keys. Each call is atomic in the store. The
+//! request path holds the lifecycle, lookups, records, index and quota; the admin API holds
+//! records, the index, the operator's and the audit trail.
 //!
 //! Redis and the memory store implement every role. The configured backend implements them
 //! too (see `backend`), by forwarding each call to its engine. The roles are written once, in
@@ -12,6 +13,7 @@
 use std::future::Future;
 use std::time::Duration;
 
+use super::audit::{AuditId, AuditPage};
 use super::entry::{Entry, Purged, Resolved};
 use super::error::StoreError;
 use super::index::{Cursor, IndexEntry, IndexKey, Page};
@@ -116,6 +118,16 @@ macro_rules! with_roles {
                 /// live, which only a `force`d purge releases (its request may be running upstream).
                 /// The check and the release are one atomic step.
                 fn purge(&self, key: &RecordKey, force: bool) -> Purged => "purge";
+            }
+
+            /// The audit trail of what operators did, one per store, shared by every gateway on it.
+            pub trait Audit {
+                /// Appends `document` (one JSON object) to the trail, which then keeps at most `keep`
+                /// entries and none older than `max_age`.
+                fn append(&self, document: &str, keep: u64, max_age: Duration) -> () => "audit";
+
+                /// Up to `limit` entries, newest first: the newest, or those older than `before`.
+                fn trail(&self, before: Option<AuditId>, limit: usize) -> AuditPage => "audit";
             }
 
             /// Budgets of new keys per caller.

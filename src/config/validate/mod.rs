@@ -128,9 +128,17 @@ pub(super) fn warnings(config: &Config) -> Vec<Issue> {
             ),
         );
     }
-    if config.server.admin_token.as_deref().map(str::trim) == Some(crate::config::defaults::SAMPLE_ADMIN_TOKEN) {
+    for token in &config.server.access.tokens {
+        if token.secret != crate::config::defaults::SAMPLE_ADMIN_TOKEN {
+            continue;
+        }
+        let key = if config.server.admin_token.is_some() && token.name == crate::config::defaults::ADMIN_TOKEN_NAME {
+            "server.admin_token".to_owned()
+        } else {
+            format!("server.admin_tokens ({:?})", token.name)
+        };
         out.add(
-            "server.admin_token",
+            key,
             "is the sample value from gateway.toml, which anyone can read: whoever reaches the admin listener \
              can resolve and release keys; set a random token of your own (e.g. openssl rand -hex 32)",
         );

@@ -7,8 +7,11 @@ use http::Uri;
 use super::{Issues, positive_duration, positive_size};
 use crate::config::defaults;
 use crate::config::file;
-use crate::config::file::HostCertSection;
-use crate::config::{HostCert, HostPattern, Limits, ListenerTls, LogFormat, ServerConfig};
+use crate::config::file::{AdminTokenSection, HostCertSection};
+use crate::config::{
+    AdminAccess, AdminRole, AdminToken, AuditRetention, HostCert, HostPattern, Limits, ListenerTls, LogFormat,
+    ServerConfig,
+};
 use crate::forwarded::TrustedProxies;
 
 pub(super) fn server(
@@ -40,25 +43,11 @@ pub(super) fn server(
         (None, None) => None,
     };
     if let Some((token, key)) = &admin_token {
-        // What a client can send in `Authorization: Bearer ...`: visible ASCII, no spaces. The
-        // character itself is never printed: it is part of a secret.
-        let token = token.trim();
-        match token.chars().position(|c| !c.is_ascii_graphic()) {
-            Some(at) => issues.add(
-                *key,
-                format!(
-                    "character {} of the token is not visible ASCII: a token is letters, digits and visible \
-                     symbols (no spaces or other characters), which is all a client can send in a bearer header",
-                    at + 1
-                ),
-            ),
-            None if token.len() < 16 => {
-                issues.add(*key, "the token must be at least 16 characters (it guards key purges)");
-            }
-            None => {}
-        }
+        token_rules(token, key, issues);
     }
     let admin_token = admin_token.map(|(token, _)| token);
+    let admin_tokens = admin_tokens(admin_token.as_deref(), s.admin_tokens.as_deref().unwrap_or_default(), env, issues);
+    let audit = audit(s, issues);
     let problem_base = s.problem_base.clone().unwrap_or_else(|| defaults::PROBLEM_BASE.to_owned());
     if problem_base.parse::<Uri>().map_or(true, |u| u.scheme().is_none()) {
         issues.add("server.problem_base", format!("{problem_base:?} is not an absolute URI"));
@@ -85,11 +74,136 @@ pub(super) fn server(
         listen: listen?,
         admin_listen,
         admin_token,
+        access: AdminAccess { tokens: admin_tokens, audit },
         shutdown_grace: s.shutdown_grace.map_or(defaults::SHUTDOWN_GRACE, |d| d.0),
         problem_base,
         limits: limits?,
         trusted_proxies: trusted_proxies?,
     })
+}
+
+/// What a client can send in `Authorization: Bearer ...`: visible ASCII, no spaces; and long
+/// enough to guess at no rate. The character itself is never printed: it is part of a secret.
+fn token_rules(token: &str, key: &str, issues: &mut Issues) {
+    let token = token.trim();
+    match token.chars().position(|c| !c.is_ascii_graphic()) {
+        Some(at) => issues.add(
+            key,
+            format!(
+                "character {} of the token is not visible ASCII: a token is letters, digits and visible \
+                 symbols (no spaces or other characters), which is all a client can send in a bearer header",
+                at + 1
+            ),
+        ),
+        None if token.len() < 16 => {
+            issues.add(key, "the token must be at least 16 characters (it guards key purges)");
+        }
+        None => {}
+    }
+}
+
+/// Every admin token: `admin_token` as the operate token `"admin"`, then each of
+/// `[[server.admin_tokens]]`, its secret read from the environment or its file. Names are
+/// unique (the audit trail names who acted by them), and so are secrets (a secret two holders
+/// share names neither).
+fn admin_tokens(
+    admin_token: Option<&str>,
+    named: &[AdminTokenSection],
+    env: &dyn Fn(&str) -> Option<String>,
+    issues: &mut Issues,
+) -> Vec<AdminToken> {
+    let mut tokens: Vec<AdminToken> = admin_token
+        .map(|secret| AdminToken {
+            name: defaults::ADMIN_TOKEN_NAME.to_owned(),
+            role: AdminRole::Operate,
+            secret: secret.trim().to_owned(),
+        })
+        .into_iter()
+        .collect();
+    for (i, t) in named.iter().enumerate() {
+        let key = format!("server.admin_tokens[{i}]");
+        let name_ok = if t.name.len() > 64 || !super::valid_route_name(&t.name) {
+            issues.add(
+                format!("{key}.name"),
+                format!(
+                    "{:?} must be 1 to 64 characters of A-Z a-z 0-9 - _ .",
+                    t.name.chars().take(80).collect::<String>()
+                ),
+            );
+            false
+        } else if let Some(earlier) = tokens.iter().find(|e| e.name == t.name) {
+            let by = if earlier.name == defaults::ADMIN_TOKEN_NAME && admin_token.is_some() {
+                "server.admin_token, which the audit trail names \"admin\""
+            } else {
+                "an earlier token"
+            };
+            issues.add(
+                format!("{key}.name"),
+                format!("{:?} is taken by {by}: each holder needs a name of their own", t.name),
+            );
+            false
+        } else {
+            true
+        };
+        let role = issues.check(&format!("{key}.role"), AdminRole::parse(&t.role));
+        let secret = match (&t.token_env, &t.token_file) {
+            (Some(_), Some(_)) => {
+                issues.add(format!("{key}.token_file"), "give token_env or token_file, not both");
+                None
+            }
+            (None, None) => {
+                issues.add(
+                    &key,
+                    "give token_env (an environment variable holding the token) or token_file (a file holding it): \
+                     a token is never written in the configuration itself",
+                );
+                None
+            }
+            (Some(var), None) => match env(var) {
+                Some(secret) => Some((secret, format!("{key}.token_env"))),
+                None => {
+                    issues.add(format!("{key}.token_env"), format!("the environment variable {var:?} is not set"));
+                    None
+                }
+            },
+            (None, Some(path)) => match std::fs::read_to_string(path) {
+                Ok(secret) => Some((secret, format!("{key}.token_file"))),
+                // The path, never the content: it may be a secret read from the wrong file.
+                Err(e) => {
+                    issues.add(format!("{key}.token_file"), format!("cannot read {}: {e}", path.display()));
+                    None
+                }
+            },
+        };
+        let Some((secret, secret_key)) = secret else { continue };
+        let secret = secret.trim().to_owned();
+        token_rules(&secret, &secret_key, issues);
+        if let Some(twin) = tokens.iter().find(|e| e.secret == secret) {
+            issues.add(
+                secret_key,
+                format!(
+                    "is the same token as {:?}'s: each holder needs a token of their own (the audit trail names \
+                     who acted by the token they presented)",
+                    twin.name
+                ),
+            );
+            continue;
+        }
+        if let (true, Some(role)) = (name_ok, role) {
+            tokens.push(AdminToken { name: t.name.clone(), role, secret });
+        }
+    }
+    tokens
+}
+
+/// `server.audit_max_entries` and `server.audit_max_age`.
+fn audit(s: &file::ServerSection, issues: &mut Issues) -> AuditRetention {
+    let max_entries = s.audit_max_entries.unwrap_or(defaults::AUDIT_MAX_ENTRIES);
+    if !(1..=1_000_000).contains(&max_entries) {
+        issues.add("server.audit_max_entries", "must be between 1 and 1000000");
+    }
+    let max_age = positive_duration(issues, "server.audit_max_age", s.audit_max_age, defaults::AUDIT_MAX_AGE);
+    AuditRetention { max_entries, max_age }
 }
 
 fn limits(s: &file::ServerSection, issues: &mut Issues) -> Option<Limits> {

@@ -34,6 +34,8 @@ pub struct MemoryStore {
     quotas: Mutex<HashMap<QuotaKey, (u64, Instant)>>,
     /// The indexes of records that need an operator, as Redis keeps them (see `index`).
     pub(super) indexes: Mutex<HashMap<IndexKey, RouteIndex>>,
+    /// The audit trail, oldest first (see `audit`).
+    pub(super) audit: Mutex<std::collections::VecDeque<crate::store::audit::AuditEntry>>,
     pub(super) waiters: Arc<Waiters>,
     max_entries: usize,
     max_bytes: u64,
@@ -126,6 +128,7 @@ impl MemoryStore {
             inner: Mutex::new(Inner::default()),
             quotas: Mutex::default(),
             indexes: Mutex::default(),
+            audit: Mutex::default(),
             waiters: Arc::default(),
             max_entries,
             max_bytes,

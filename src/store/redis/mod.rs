@@ -26,8 +26,9 @@
 //! way there and back (NOSCRIPT, MOVED, ASK, the timeout), `transport`, and the room it
 //! leaves large answers, `budget`. The roles read as the
 //! state machine: the key's life and its lookups in `lifecycle`, an operator's calls and the
-//! index in `operator`, the store itself and the quota in `engine`.
+//! index in `operator`, the audit trail in `audit`, the store itself and the quota in `engine`.
 
+mod audit;
 mod budget;
 mod engine;
 mod epoch;
