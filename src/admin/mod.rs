@@ -18,6 +18,9 @@
 //! GET    /policy                                  the idempotency policy, Markdown (public)
 //! GET    /routes                                  the routing table with policies, JSON (read)
 //! GET    /audit[?cursor=C&limit=N]                the audit trail, newest first (read)
+//! GET    /whoami                                  the token's name and role (read)
+//! GET    /console/                                the operator's console (its files need no
+//!                                                 token; every call it makes does)
 //! POST   /reload                                  re-read the config file (operate)
 //! GET    /keys?route=R&key=K[&scope_hash=H]   the record of key K (JSON; read)
 //! PUT    /keys?route=R&key=K[&scope_hash=H]   complete an unknown or executed record with
@@ -44,6 +47,7 @@ use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
 mod audit;
+mod console;
 mod keys;
 mod respond;
 
@@ -80,20 +84,34 @@ impl Admin {
 }
 
 /// The admin endpoints and the methods each allows (HEAD wherever GET is).
-const ENDPOINTS: [(&str, &str); 8] = [
+const ENDPOINTS: [(&str, &str); 10] = [
     ("/healthz", "GET, HEAD"),
     ("/readyz", "GET, HEAD"),
     ("/metrics", "GET, HEAD"),
     ("/policy", "GET, HEAD"),
     ("/routes", "GET, HEAD"),
     ("/audit", "GET, HEAD"),
+    ("/whoami", "GET, HEAD"),
+    ("/console/", "GET, HEAD"),
     ("/reload", "POST"),
     ("/keys", "GET, HEAD, PUT, DELETE"),
 ];
 
-/// Answers one admin request from `peer`. (Connections, their limits and timeouts are the
-/// server's, as for the proxy: see `server::serve_admin`.)
+/// Answers one admin request from `peer`, with the headers every admin answer carries (see
+/// `console::secure`). (Connections, their limits and timeouts are the server's, as for the
+/// proxy: see `server::serve_admin`.)
 pub async fn handle(
+    admin: &Admin,
+    draining: &CancellationToken,
+    peer: IpAddr,
+    request: Request<Incoming>,
+) -> Response<Body> {
+    let mut response = answer(admin, draining, peer, request).await;
+    console::secure(response.headers_mut());
+    response
+}
+
+async fn answer(
     admin: &Admin,
     draining: &CancellationToken,
     peer: IpAddr,
@@ -184,6 +202,16 @@ pub async fn handle(
             }
             json_response(StatusCode::OK, &crate::publish::routes_json(gw.route_configs()))
         }
+        (&Method::GET, "/whoami") => match authorize(admin, request.headers(), peer, AdminRole::Read) {
+            Access::Granted(actor) | Access::Forbidden(actor) => {
+                json_response(StatusCode::OK, &json!({ "name": actor.name, "role": actor.role.as_str() }))
+            }
+            Access::Denied(denied) => denied,
+        },
+        (&Method::GET, path) if path == "/console" || path.starts_with("/console/") => match console::file(path) {
+            Some(file) => file,
+            None => problem(gw, StatusCode::NOT_FOUND, "admin-not-found", "Not found", "No such file of the console."),
+        },
         (&Method::GET, "/audit") => {
             if let Access::Denied(denied) = authorize(admin, request.headers(), peer, AdminRole::Read) {
                 return denied;

@@ -1,0 +1,166 @@
+//! The console in a real browser: headless Chromium driven through WebDriver (Debian's
+//! `chromium` and `chromium-driver`) against real gateways on one real Redis.
+//!
+//! ```text
+//! cargo test --test browser
+//! ```
+//!
+//! Without Chromium or chromedriver on the machine the suite says so and runs nothing: its
+//! scenarios are reported as not run, never as passed. With `CI=true` (where `.ci/run`
+//! installs them) a missing browser fails the suite instead.
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod webdriver;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use http::Method;
+use support::client::{Client, DEFAULT_AUTH};
+use support::gateway_proc::{GatewayProc, Toml};
+use support::raw_upstream::{Misbehaviour, RawUpstream};
+use webdriver::{Driver, Session};
+
+const ALICE: &str = "alice-console-token-0123";
+const VIEWER: &str = "viewer-console-token-0123";
+const WAIT: Duration = Duration::from_secs(15);
+/// A key that is also markup: it must show as these characters, and run nothing.
+const HOSTILE_KEY: &str = "k1<img/src=x/onerror=window.__pwned=1></script>";
+
+/// One scenario: given Chromium, chromedriver and a runtime, what went wrong, if anything.
+type Scenario = fn(&Path, &Path, &tokio::runtime::Runtime) -> Result<(), String>;
+
+fn main() -> ExitCode {
+    let (chromium, chromedriver) = match (
+        find("IDEMGATE_CHROMIUM", &["chromium", "chromium-browser"]),
+        find("IDEMGATE_CHROMEDRIVER", &["chromedriver"]),
+    ) {
+        (Some(chromium), Some(chromedriver)) => (chromium, chromedriver),
+        _ => {
+            let what = "Chromium and chromedriver (apt-get install chromium chromium-driver)";
+            if std::env::var("CI").is_ok_and(|v| v == "true") {
+                eprintln!("browser: FAILED: {what} are needed in CI");
+                return ExitCode::FAILURE;
+            }
+            eprintln!("browser: NOT RUN: 1 scenario skipped, {what} not installed");
+            return ExitCode::SUCCESS;
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let scenarios: [(&str, Scenario); 1] = [(
+        "a stuck key is resolved in the console, its retry replays, another gateway shows who",
+        resolve_in_the_console,
+    )];
+    let mut failed = 0;
+    for (name, scenario) in scenarios {
+        eprintln!("browser: {name} ...");
+        match scenario(&chromium, &chromedriver, &runtime) {
+            Ok(()) => eprintln!("browser: {name}: pass"),
+            Err(e) => {
+                failed += 1;
+                eprintln!("browser: {name}: FAILED: {e}");
+            }
+        }
+    }
+    if failed > 0 { ExitCode::FAILURE } else { ExitCode::SUCCESS }
+}
+
+/// `var` if set, else the first of `names` on the PATH.
+fn find(var: &str, names: &[&str]) -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os(var) {
+        return Some(path.into());
+    }
+    let path = std::env::var_os("PATH")?;
+    names.iter().flat_map(|name| std::env::split_paths(&path).map(move |dir| dir.join(name))).find(|p| p.is_file())
+}
+
+fn check(holds: bool, what: impl FnOnce() -> String) -> Result<(), String> {
+    if holds { Ok(()) } else { Err(what()) }
+}
+
+fn gateway(upstream: std::net::SocketAddr, redis_url: &str) -> GatewayProc {
+    let server = "[[server.admin_tokens]]\nname = \"alice\"\nrole = \"operate\"\ntoken_env = \"TEST_ALICE\"\n\n\
+                  [[server.admin_tokens]]\nname = \"viewer\"\nrole = \"read\"\ntoken_env = \"TEST_VIEWER\"\n";
+    let store = format!("backend = \"redis\"\nurl = \"{redis_url}\"");
+    let toml = Toml { server, store: &store, upstream_lines: "timeout = \"5s\"", ..Toml::new(upstream) }.render();
+    GatewayProc::start_full(&toml, &[], &[("TEST_ALICE", ALICE), ("TEST_VIEWER", VIEWER)])
+}
+
+fn sign_in(page: &Session<'_>, admin: std::net::SocketAddr, token: &str, who: &str) -> Result<(), String> {
+    page.go(&format!("http://{admin}/console/"))?;
+    let field = page.find("#token", WAIT).map_err(|e| format!("{e}; the page: {}", page.source()))?;
+    page.type_text(&field, token)?;
+    page.click(&page.find("#use-token", WAIT)?)?;
+    page.wait_text("#who-text", WAIT, |t| t.contains(who)).map(drop)
+}
+
+/// A person goes from "a key is stuck" to "resolved, and the retry replays" in the console
+/// alone, and a second operator, on another gateway, sees who did it and cannot act.
+fn resolve_in_the_console(chromium: &Path, chromedriver: &Path, rt: &tokio::runtime::Runtime) -> Result<(), String> {
+    let redis = support::redis::RedisServer::start();
+    let upstream = rt.block_on(RawUpstream::start(Misbehaviour::CloseAfterRequest));
+    let a = gateway(upstream.addr, &redis.url());
+    let b = gateway(upstream.addr, &redis.url());
+    let client = Client::new(a.addr);
+    let key = format!("\"{HOSTILE_KEY}\"");
+    let order = r#"{"sku":"A-1","note":"</script><img src=x onerror=window.__pwned=2>"}"#;
+    let first = rt.block_on(client.post_json("/orders", Some(&key), order));
+    check(first.status == 502, || format!("the upstream hung up: outcome unknown, not {}", first.status))?;
+    check(upstream.executions() == 1, || "sent once".to_owned())?;
+
+    let driver = Driver::start(chromedriver)?;
+    let page = driver.session(chromium)?;
+    sign_in(&page, a.admin, ALICE, "alice (operate)")?;
+    let held = page.wait_text("#held tbody", WAIT, |t| t.contains(HOSTILE_KEY))?;
+    check(held.contains("unknown"), || format!("the row says unknown: {held}"))?;
+    // Shown as its characters: no element made of it, no script of it run.
+    let images = page.run("return document.querySelectorAll('main img').length")?;
+    check(images == 0, || format!("the key became markup: {images} images"))?;
+    let pwned = page.run("return window.__pwned === undefined")?;
+    check(pwned == true, || "a script from the key ran".to_owned())?;
+
+    page.click(&page.find("#held tbody tr", WAIT)?)?;
+    page.wait_text("#record", WAIT, |t| t.contains("unknown") && t.contains(HOSTILE_KEY))?;
+    let status = page.find("#resolve-status", WAIT)?;
+    page.clear(&status)?;
+    page.type_text(&status, "201")?;
+    page.type_text(&page.find("#resolve-body", WAIT)?, r#"{"id":"op-1"}"#)?;
+    page.click(&page.find("#resolve", WAIT)?)?;
+    // The confirmation says what it does before anything changes.
+    let said =
+        page.wait_text("#confirm-text", WAIT, |t| t.contains("Every retry with this key will get this answer"))?;
+    check(said.contains("status 201"), || said.clone())?;
+    page.click(&page.find("#confirm-ok", WAIT)?)?;
+    page.wait_text("#status", WAIT, |t| t.contains("Resolved"))?;
+
+    let retry = rt.block_on(client.post_json("/orders", Some(&key), order));
+    check(retry.status == 201 && retry.is_replay(), || format!("the retry got {} {:?}", retry.status, retry.body))?;
+    check(&retry.body[..] == br#"{"id":"op-1"}"#, || format!("the operator's answer: {:?}", retry.body))?;
+    check(upstream.executions() == 1, || "the retry never reached the upstream".to_owned())?;
+    let shot = page.screenshot()?;
+    let file = Path::new(env!("CARGO_TARGET_TMPDIR")).join("console.png");
+    std::fs::write(&file, shot).map_err(|e| e.to_string())?;
+    eprintln!("browser: the console as resolved: {}", file.display());
+
+    // A second operator, on gateway B, read-only: sees alice's change, is offered nothing.
+    let other = driver.session(chromium)?;
+    sign_in(&other, b.admin, VIEWER, "viewer (read)")?;
+    let trail = other.wait_text("#audit tbody", WAIT, |t| t.contains("alice") && t.contains("resolve"))?;
+    check(trail.contains("unknown → completed"), || format!("before and after: {trail}"))?;
+    check(!trail.contains(HOSTILE_KEY), || "the trail names the record, never the key".to_owned())?;
+    for action in ["#reload", "#actions"] {
+        let shown = other.displayed(&other.find(action, WAIT)?)?;
+        check(!shown, || format!("{action} is offered to a read token"))?;
+    }
+    let bearer = format!("Bearer {VIEWER}");
+    let refused = rt.block_on(Client::new(b.admin).send(
+        Method::DELETE,
+        "/keys?route=orders&key=%22k%22",
+        &[("authorization", bearer.as_str()), ("scope-authorization", DEFAULT_AUTH)],
+        "",
+    ));
+    check(refused.status == 403, || format!("the API refuses a read token: {}", refused.status))
+}
