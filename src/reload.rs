@@ -32,6 +32,8 @@ pub struct Live {
     gateway: ArcSwap<Gateway>,
     /// The proxy listener's TLS, if it has any: renewed certificates are read on reload.
     tls: Option<ArcSwap<ListenerTls>>,
+    /// The admin listener's, likewise.
+    admin_tls: Option<ArcSwap<ListenerTls>>,
     /// Who may call the admin API, as the running configuration says.
     access: ArcSwap<AdminAccess>,
     /// The configuration the process started with: what it runs of `[server]` and `[store]`
@@ -73,8 +75,14 @@ impl Live {
     pub fn new(gateway: Gateway, started: Config, source: Option<PathBuf>) -> Self {
         let tls = started.server.tls.as_ref().map(|tls| ArcSwap::from_pointee(tls.clone()));
         let running = Mutex::new(started.clone());
+        let admin_tls = started.server.admin_tls.as_ref().map(|tls| ArcSwap::from_pointee(tls.clone()));
         let access = ArcSwap::from_pointee(started.server.access.clone());
-        Self { gateway: ArcSwap::from_pointee(gateway), tls, access, started, source, running }
+        Self { gateway: ArcSwap::from_pointee(gateway), tls, admin_tls, access, started, source, running }
+    }
+
+    /// The admin listener's TLS of the moment, if it uses TLS.
+    pub fn admin_tls(&self) -> Option<Arc<ListenerTls>> {
+        self.admin_tls.as_ref().map(ArcSwap::load_full)
     }
 
     /// Who may call the admin API now, and what the audit trail keeps.
@@ -108,6 +116,9 @@ impl Live {
         if let (Some(current), Some(tls)) = (&self.tls, &config.server.tls) {
             current.store(Arc::new(tls.clone()));
         }
+        if let (Some(current), Some(tls)) = (&self.admin_tls, &config.server.admin_tls) {
+            current.store(Arc::new(tls.clone()));
+        }
         self.access.store(Arc::new(config.server.access.clone()));
         let needs_restart = needs_restart(&self.started, &config);
         for warning in config.warning_lines(&source.display().to_string()) {
@@ -136,6 +147,7 @@ fn needs_restart(running: &Config, next: &Config) -> Vec<&'static str> {
         ("server.shutdown_grace", a.shutdown_grace != b.shutdown_grace),
         ("server.log_format", a.log_format != b.log_format),
         ("server.tls (on or off)", a.tls.is_some() != b.tls.is_some()),
+        ("server.admin_tls (on or off)", a.admin_tls.is_some() != b.admin_tls.is_some()),
         ("server.trusted_proxies", a.trusted_proxies != b.trusted_proxies),
         ("server limits (timeouts, connections, exchanges)", server_limits(running) != server_limits(next)),
         ("store", running.store != next.store),

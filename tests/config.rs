@@ -657,6 +657,16 @@ fn the_admin_token_may_come_from_the_environment_and_a_public_admin_listener_is_
     let (ok, _, stderr) = check(&with("admin_listen = \"0.0.0.0:9090\""));
     assert!(ok, "{stderr}");
     assert!(stderr.contains("warning: server.admin_listen: 0.0.0.0:9090 is not a loopback address"), "{stderr}");
+    assert!(!stderr.contains("server.admin_tls"), "no token, nothing crosses in clear: {stderr}");
+    let (ok, _, stderr) =
+        check(&with("admin_listen = \"0.0.0.0:9090\"\nadmin_token = \"a-random-token-of-our-own-0123\""));
+    assert!(ok, "{stderr}");
+    assert!(stderr.contains("warning: server.admin_tls: is not set while the admin listener"), "{stderr}");
+    assert_issue(
+        &with("[server.admin_tls]\ncert = \"/nonexistent/c.pem\"\nkey = \"/nonexistent/k.pem\""),
+        "server.admin_tls",
+        "there is no admin listener",
+    );
 }
 
 /// docs/security.md, "an admin token no client can send, or everyone knows": `check` refuses

@@ -18,6 +18,7 @@ const TABLES: &[(&str, &str, &str)] = &[
     ("", "File", ""),
     ("server", "ServerSection", "[server]"),
     ("server.admin_tokens", "AdminTokenSection", "[[server.admin_tokens]]"),
+    ("server.admin_tls", "AdminTlsSection", "[server.admin_tls]"),
     ("server.tls", "TlsSection", "[server.tls]"),
     ("server.tls.certs", "HostCertSection", "[[server.tls.certs]]"),
     ("store", "StoreSection", "[store]"),
@@ -302,6 +303,7 @@ fn the_check_names_each_key_left_out_and_each_unmapped_struct() {
     assert_eq!(
         new(missing(&source, &toml, &without(&docs, "| `cert` |"))),
         [
+            "docs/configuration.md `[server.admin_tls]`: no row \"| `cert` |\"",
             "docs/configuration.md `[server.tls]`: no row \"| `cert` |\"",
             "docs/configuration.md `[[server.tls.certs]]`: no row \"| `cert` |\""
         ]

@@ -67,6 +67,17 @@ upstream = "app"
 
 /// GET / over TLS trusting `ca`, offering `alpn`; the status and the HTTP version spoken.
 async fn get(addr: SocketAddr, ca: &CertificateDer<'static>, alpn: &[u8]) -> Result<(u16, Version), String> {
+    get_path(addr, ca, alpn, "/").await.map(|(status, version, _)| (status, version))
+}
+
+/// GET `path` over TLS trusting `ca`, offering `alpn`; the status, the version and the
+/// answer's Content-Security-Policy.
+async fn get_path(
+    addr: SocketAddr,
+    ca: &CertificateDer<'static>,
+    alpn: &[u8],
+    path: &str,
+) -> Result<(u16, Version, Option<String>), String> {
     let mut roots = rustls::RootCertStore::empty();
     roots.add(ca.clone()).unwrap();
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -81,8 +92,10 @@ async fn get(addr: SocketAddr, ca: &CertificateDer<'static>, alpn: &[u8]) -> Res
     let tls = TlsConnector::from(Arc::new(config)).connect(name, tcp).await.map_err(|e| e.to_string())?;
     let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
     // HTTP/1.1 needs its Host (the gateway refuses a request without one); h2 has :authority.
-    let request =
-        Request::get(format!("https://{addr}/")).header("host", addr.to_string()).body(Empty::<Bytes>::new()).unwrap();
+    let request = Request::get(format!("https://{addr}{path}"))
+        .header("host", addr.to_string())
+        .body(Empty::<Bytes>::new())
+        .unwrap();
     let response = if h2 {
         let (mut sender, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
             .await
@@ -97,8 +110,9 @@ async fn get(addr: SocketAddr, ca: &CertificateDer<'static>, alpn: &[u8]) -> Res
     };
     let version = response.version();
     let status = response.status().as_u16();
+    let policy = response.headers().get("content-security-policy").and_then(|v| v.to_str().ok()).map(str::to_owned);
     let _ = response.into_body().collect().await;
-    Ok((status, version))
+    Ok((status, version, policy))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -120,6 +134,70 @@ async fn the_listener_speaks_tls_with_h2_and_http11_and_renews_on_reload() {
     assert_eq!(reload.status, 200, "{:?}", reload.body);
     assert_eq!(get(gw.addr, &second_ca, b"h2").await, Ok((201, Version::HTTP_2)));
     assert!(get(gw.addr, &first_ca, b"h2").await.is_err(), "the old certificate is gone");
+}
+
+/// `[server.admin_tls]`: the admin listener speaks TLS with its own certificate (the console
+/// and its calls included), never plain HTTP, and renews it on reload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_listener_speaks_tls_with_its_own_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let proxy_ca = issue(dir.path(), "proxy");
+    let admin_dir = dir.path().join("admin");
+    std::fs::create_dir_all(&admin_dir).unwrap();
+    let admin_ca = issue(&admin_dir, "admin");
+    let upstream = TestUpstream::start().await;
+    let toml = config(upstream.addr, dir.path()).replace(
+        "[store]",
+        &format!(
+            "[server.admin_tls]\ncert = {:?}\nkey = {:?}\n\n[store]",
+            admin_dir.join("cert.pem"),
+            admin_dir.join("key.pem")
+        ),
+    );
+    let gw = GatewayProc::start(&toml);
+    for alpn in [&b"h2"[..], b"http/1.1"] {
+        let (status, _, policy) = get_path(gw.admin, &admin_ca, alpn, "/console/").await.expect("the console over TLS");
+        assert_eq!(status, 200);
+        assert!(policy.is_some_and(|p| p.contains("frame-ancestors 'none'")), "served under its policy");
+        assert_eq!(get_path(gw.admin, &admin_ca, alpn, "/healthz").await.map(|r| r.0), Ok(200));
+    }
+    assert!(get_path(gw.admin, &proxy_ca, b"h2", "/healthz").await.is_err(), "its own certificate, not the proxy's");
+    let plain = Client::new(gw.admin).try_send(http::Method::GET, "/healthz", &[], "").await;
+    assert!(plain.is_err() || plain.as_ref().is_ok_and(|r| r.status != 200), "plain HTTP answered: {plain:?}");
+
+    // Renewed on reload, over the listener itself.
+    let renewed = issue(&admin_dir, "admin renewed");
+    let reload = reload_over_tls(gw.admin, &admin_ca).await;
+    assert_eq!(reload, Ok(200));
+    assert_eq!(get_path(gw.admin, &renewed, b"h2", "/healthz").await.map(|r| r.0), Ok(200));
+    assert!(get_path(gw.admin, &admin_ca, b"h2", "/healthz").await.is_err(), "the old certificate is gone");
+}
+
+/// `POST /reload` over TLS with the admin token; the status.
+async fn reload_over_tls(addr: SocketAddr, ca: &CertificateDer<'static>) -> Result<u16, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.clone()).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let tcp = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+    let tls = TlsConnector::from(Arc::new(config))
+        .connect(ServerName::IpAddress(addr.ip().into()), tcp)
+        .await
+        .map_err(|e| e.to_string())?;
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(TokioIo::new(tls)).await.map_err(|e| e.to_string())?;
+    tokio::spawn(conn);
+    let request = Request::post(format!("https://{addr}/reload"))
+        .header("host", addr.to_string())
+        .header("authorization", "Bearer test-admin-token-0123456789")
+        .body(Empty::<Bytes>::new())
+        .unwrap();
+    let response = sender.send_request(request).await.map_err(|e| e.to_string())?;
+    Ok(response.status().as_u16())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -81,6 +81,11 @@ impl Admin {
     pub fn new(live: Arc<Live>) -> Self {
         Self { live, counted: Arc::default(), settings: Arc::default() }
     }
+
+    /// The admin listener's TLS of the moment (`[server.admin_tls]`, renewed on reload).
+    pub fn tls(&self) -> Option<Arc<crate::config::ListenerTls>> {
+        self.live.admin_tls()
+    }
 }
 
 /// The admin endpoints and the methods each allows (HEAD wherever GET is).

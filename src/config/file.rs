@@ -150,6 +150,17 @@ pub struct ServerSection {
     pub log_format: Option<String>,
     /// Serve the proxy listener over TLS.
     pub tls: Option<TlsSection>,
+    /// Serve the admin listener over TLS.
+    pub admin_tls: Option<AdminTlsSection>,
+}
+
+/// `[server.admin_tls]`
+#[derive(Debug, Deserialize)]
+pub struct AdminTlsSection {
+    /// PEM certificate chain, leaf first.
+    pub cert: PathBuf,
+    /// PEM private key of the leaf.
+    pub key: PathBuf,
 }
 
 /// `[[server.admin_tokens]]`: one operator's (or one tool's) token. The secret is never in

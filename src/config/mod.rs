@@ -87,6 +87,8 @@ pub struct ServerConfig {
     pub log_format: LogFormat,
     /// TLS on the proxy listener: certificate chain and key files.
     pub tls: Option<ListenerTls>,
+    /// TLS on the admin listener: its own certificate chain and key files.
+    pub admin_tls: Option<ListenerTls>,
 }
 
 /// How log lines are written (`server.log_format`, `--log-format`).

@@ -169,10 +169,12 @@ pub(super) async fn serve_admin(
         let connection =
             Arc::new(Connection::new(Peer::new(peer, &TrustedProxies::default()), limits.clone(), Some(permit)));
         let (admin, draining, builder) = (admin.clone(), draining.clone(), Arc::clone(&builder));
+        let handshake = limits.header_read_timeout;
         tokio::spawn(async move {
             if !first_byte(&stream, &connection).await {
                 return;
             }
+            let tls = admin.tls();
             let c = Arc::clone(&connection);
             let service = service_fn(move |request: Request<Incoming>| {
                 let (admin, draining, c) = (admin.clone(), draining.clone(), Arc::clone(&c));
@@ -182,7 +184,15 @@ pub(super) async fn serve_admin(
                     Ok::<_, Infallible>(response.map(|body| guard.answered(body)))
                 }
             });
-            serve_connection(stream, connection, &builder, service).await;
+            let Some(tls) = tls else {
+                return serve_connection(stream, connection, &builder, service).await;
+            };
+            // As on the proxy listener: the handshake counts against the header timeout.
+            match tokio::time::timeout(handshake, tls.acceptor().accept(stream)).await {
+                Ok(Ok(stream)) => serve_connection(stream, connection, &builder, service).await,
+                Ok(Err(e)) => tracing::debug!(peer = %connection.peer.ip(), error = %e, "admin TLS handshake failed"),
+                Err(_) => tracing::debug!(peer = %connection.peer.ip(), "admin TLS handshake timed out"),
+            }
         });
     }
 }

@@ -263,7 +263,10 @@ fn from_config(path: &Path) -> Result<(AdminUrl, HeaderValue), Failure> {
         IpAddr::V6(ip) if ip.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
         ip => ip,
     };
-    let url = parse_admin_url(&format!("http://{}", SocketAddr::new(ip, listen.port())))
+    // With [server.admin_tls] the listener speaks only TLS; its certificate must name the
+    // address (or SSL_CERT_FILE hold its CA).
+    let scheme = if config.server.admin_tls.is_some() { "https" } else { "http" };
+    let url = parse_admin_url(&format!("{scheme}://{}", SocketAddr::new(ip, listen.port())))
         .map_err(|e| Failure::Usage(format!("{file}: server.admin_listen: {e}")))?;
     let token = match config.server.admin_token.as_deref() {
         Some(token) => bearer(token, "the file's admin token")?,

@@ -150,6 +150,16 @@ pub(super) fn warnings(config: &Config) -> Vec<Issue> {
             "server.admin_listen",
             format!("{admin} is not a loopback address: keep the admin listener (metrics, key release) off networks clients reach"),
         );
+        if config.server.admin_tls.is_none() && !config.server.access.tokens.is_empty() {
+            out.add(
+                "server.admin_tls",
+                format!(
+                    "is not set while the admin listener ({admin}) is reachable beyond this host: admin tokens, \
+                     typed into the console or sent by scripts, cross the network in clear; give it a \
+                     certificate ([server.admin_tls]) or keep it on loopback"
+                ),
+            );
+        }
     }
     for (i, route) in config.routes.iter().enumerate() {
         let Some(policy) = &route.idempotency else { continue };

@@ -67,8 +67,18 @@ pub(super) fn server(
             ListenerTls::load_all(t.cert.clone(), t.key.clone(), by_host).map_err(|e| e.to_string()),
         )
     });
+    let admin_tls = s.admin_tls.as_ref().and_then(|t| {
+        issues.check(
+            "server.admin_tls",
+            ListenerTls::load_all(t.cert.clone(), t.key.clone(), Vec::new()).map_err(|e| e.to_string()),
+        )
+    });
+    if s.admin_tls.is_some() && s.admin_listen.is_none() {
+        issues.add("server.admin_tls", "there is no admin listener to serve it on: set server.admin_listen");
+    }
     Some(ServerConfig {
         tls,
+        admin_tls,
         log_format: log_format?,
         worker_threads: s.worker_threads,
         listen: listen?,
