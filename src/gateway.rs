@@ -204,6 +204,13 @@ impl Gateway {
         &self.runtime
     }
 
+    /// The upstreams, by name (for `/upstreams`).
+    pub fn upstreams(&self) -> Vec<&Arc<Upstream>> {
+        let mut all: Vec<&Arc<Upstream>> = self.upstreams.values().collect();
+        all.sort_by(|a, b| a.name().cmp(b.name()));
+        all
+    }
+
     /// The routes as configured, in file order (for the published policy and `/routes`).
     pub fn route_configs(&self) -> &[RouteConfig] {
         &self.route_configs

@@ -19,6 +19,7 @@
 //! GET    /routes                                  the routing table with policies, JSON (read)
 //! GET    /audit[?cursor=C&limit=N]                the audit trail, newest first (read)
 //! GET    /whoami                                  the token's name and role (read)
+//! GET    /upstreams                               each upstream's instances and their health (read)
 //! GET    /console/                                the operator's console (its files need no
 //!                                                 token; every call it makes does)
 //! POST   /reload                                  re-read the config file (operate)
@@ -89,7 +90,7 @@ impl Admin {
 }
 
 /// The admin endpoints and the methods each allows (HEAD wherever GET is).
-const ENDPOINTS: [(&str, &str); 10] = [
+const ENDPOINTS: [(&str, &str); 11] = [
     ("/healthz", "GET, HEAD"),
     ("/readyz", "GET, HEAD"),
     ("/metrics", "GET, HEAD"),
@@ -97,6 +98,7 @@ const ENDPOINTS: [(&str, &str); 10] = [
     ("/routes", "GET, HEAD"),
     ("/audit", "GET, HEAD"),
     ("/whoami", "GET, HEAD"),
+    ("/upstreams", "GET, HEAD"),
     ("/console/", "GET, HEAD"),
     ("/reload", "POST"),
     ("/keys", "GET, HEAD, PUT, DELETE"),
@@ -217,6 +219,12 @@ async fn answer(
             Some(file) => file,
             None => problem(gw, StatusCode::NOT_FOUND, "admin-not-found", "Not found", "No such file of the console."),
         },
+        (&Method::GET, "/upstreams") => {
+            if let Access::Denied(denied) = authorize(admin, request.headers(), peer, AdminRole::Read) {
+                return denied;
+            }
+            json_response(StatusCode::OK, &upstreams(gw))
+        }
         (&Method::GET, "/audit") => {
             if let Access::Denied(denied) = authorize(admin, request.headers(), peer, AdminRole::Read) {
                 return denied;
@@ -247,6 +255,34 @@ async fn answer(
             None => problem(gw, StatusCode::NOT_FOUND, "admin-not-found", "Not found", "No such admin endpoint."),
         },
     }
+}
+
+/// `GET /upstreams`: each upstream's instances, in flight and left out (until when from now,
+/// and why), as the balancer sees them on this gateway.
+fn upstreams(gw: &Gateway) -> serde_json::Value {
+    let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    let list: Vec<serde_json::Value> = gw
+        .upstreams()
+        .into_iter()
+        .map(|upstream| {
+            let instances: Vec<serde_json::Value> = upstream
+                .standings()
+                .into_iter()
+                .map(|(address, s)| {
+                    json!({
+                        "address": address,
+                        "ejections": s.ejections,
+                        "in_flight": s.outstanding,
+                        "left_out": s.left_out.is_some(),
+                        "left_out_because": s.left_out.map(|(_, why)| why.reason()),
+                        "left_out_for_ms": s.left_out.map(|(left, _)| ms(left)),
+                    })
+                })
+                .collect();
+            json!({ "instances": instances, "name": upstream.name() })
+        })
+        .collect();
+    serde_json::Value::Array(list)
 }
 
 /// How long what the store's settings say is kept for `/readyz`: a `CONFIG GET` and two

@@ -77,6 +77,19 @@ struct Health {
     /// Ejections since the last success.
     ejections: u32,
     out_until: Option<Instant>,
+    /// What left it out last.
+    why: Option<Trouble>,
+}
+
+/// An instance's health as an operator reads it (`GET /upstreams`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Standing {
+    /// Requests in flight to it.
+    pub outstanding: usize,
+    /// Left out now: for how much longer, and why.
+    pub left_out: Option<(Duration, Trouble)>,
+    /// Times it was left out since its last success.
+    pub ejections: u32,
 }
 
 impl Load {
@@ -93,6 +106,21 @@ impl Load {
 
     fn health(&self) -> std::sync::MutexGuard<'_, Health> {
         self.health.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Its standing at `now`, for an operator (takes the lock only for an instance that has
+    /// been left out since its last success).
+    pub fn standing(&self, now: Instant) -> Standing {
+        let outstanding = self.outstanding();
+        if !self.ejected.load(Ordering::Relaxed) {
+            return Standing { outstanding, left_out: None, ejections: 0 };
+        }
+        let h = self.health();
+        let left_out = match (h.out_until, h.why) {
+            (Some(until), Some(why)) if until > now => Some((until - now, why)),
+            _ => None,
+        };
+        Standing { outstanding, left_out, ejections: h.ejections }
     }
 
     /// Whether it is left out now.
@@ -139,6 +167,7 @@ impl Load {
         let out_for = rule.base.saturating_mul(factor).min(rule.max);
         h.ejections = h.ejections.saturating_add(1);
         h.out_until = Some(now + out_for);
+        h.why = Some(trouble);
         self.ejected.store(true, Ordering::Relaxed);
         Some(out_for)
     }

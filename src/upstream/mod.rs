@@ -34,6 +34,7 @@
 //! - [`tls`]: the TLS configuration of the pools; [`error`]: why an exchange or a setup failed.
 
 mod balance;
+pub use self::balance::Standing;
 mod dial;
 mod error;
 mod health;
@@ -152,6 +153,17 @@ impl Upstream {
             Members::Fixed(list) => Set::Fixed(list),
             Members::Resolved(resolved) => Set::Resolved(resolved.current()),
         }
+    }
+
+    /// Each instance's address (as its metrics label it) and standing now.
+    pub fn standings(&self) -> Vec<(String, Standing)> {
+        let now = tokio::time::Instant::now();
+        self.set().iter().map(|i| (i.label.clone(), i.health.load.standing(now))).collect()
+    }
+
+    /// The upstream's name.
+    pub fn name(&self) -> &str {
+        &self.name
     }
 
     /// The deadline of one exchange.

@@ -22,6 +22,7 @@ use http::Method;
 use support::client::{Client, DEFAULT_AUTH};
 use support::gateway_proc::{GatewayProc, Toml};
 use support::raw_upstream::{Misbehaviour, RawUpstream};
+use support::upstream::TestUpstream;
 use webdriver::{Driver, Session};
 
 const ALICE: &str = "alice-console-token-0123";
@@ -50,10 +51,13 @@ fn main() -> ExitCode {
         }
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let scenarios: [(&str, Scenario); 1] = [(
-        "a stuck key is resolved in the console, its retry replays, another gateway shows who",
-        resolve_in_the_console,
-    )];
+    let scenarios: [(&str, Scenario); 2] = [
+        (
+            "a stuck key is resolved in the console, its retry replays, another gateway shows who",
+            resolve_in_the_console,
+        ),
+        ("open consoles poll within the admin cap and the probes are answered beside them", consoles_beside_probes),
+    ];
     let mut failed = 0;
     for (name, scenario) in scenarios {
         eprintln!("browser: {name} ...");
@@ -81,11 +85,17 @@ fn check(holds: bool, what: impl FnOnce() -> String) -> Result<(), String> {
     if holds { Ok(()) } else { Err(what()) }
 }
 
-fn gateway(upstream: std::net::SocketAddr, redis_url: &str) -> GatewayProc {
-    let server = "[[server.admin_tokens]]\nname = \"alice\"\nrole = \"operate\"\ntoken_env = \"TEST_ALICE\"\n\n\
-                  [[server.admin_tokens]]\nname = \"viewer\"\nrole = \"read\"\ntoken_env = \"TEST_VIEWER\"\n";
+/// A gateway on `redis_url` with alice (operate) and viewer (read), the orders route on
+/// `upstream`, `routes` after it, and `server` lines more.
+fn gateway(upstream: std::net::SocketAddr, redis_url: &str, server: &str, routes: String) -> GatewayProc {
+    let server = format!(
+        "{server}\n[[server.admin_tokens]]\nname = \"alice\"\nrole = \"operate\"\ntoken_env = \"TEST_ALICE\"\n\n\
+         [[server.admin_tokens]]\nname = \"viewer\"\nrole = \"read\"\ntoken_env = \"TEST_VIEWER\"\n"
+    );
     let store = format!("backend = \"redis\"\nurl = \"{redis_url}\"");
-    let toml = Toml { server, store: &store, upstream_lines: "timeout = \"5s\"", ..Toml::new(upstream) }.render();
+    let toml =
+        Toml { server: &server, store: &store, upstream_lines: "timeout = \"5s\"", routes, ..Toml::new(upstream) }
+            .render();
     GatewayProc::start_full(&toml, &[], &[("TEST_ALICE", ALICE), ("TEST_VIEWER", VIEWER)])
 }
 
@@ -102,8 +112,15 @@ fn sign_in(page: &Session<'_>, admin: std::net::SocketAddr, token: &str, who: &s
 fn resolve_in_the_console(chromium: &Path, chromedriver: &Path, rt: &tokio::runtime::Runtime) -> Result<(), String> {
     let redis = support::redis::RedisServer::start();
     let upstream = rt.block_on(RawUpstream::start(Misbehaviour::CloseAfterRequest));
-    let a = gateway(upstream.addr, &redis.url());
-    let b = gateway(upstream.addr, &redis.url());
+    // And an upstream of two instances, one of them gone, for the instances' health.
+    let live = rt.block_on(TestUpstream::start());
+    let spread = format!(
+        "\n[[routes]]\nname = \"spread\"\nmethods = [\"POST\"]\npath = \"/spread\"\nupstream = \"many\"\n\n\
+         [upstreams.many]\nurls = [\"http://{}\", \"http://127.0.0.1:9\"]\n",
+        live.addr
+    );
+    let a = gateway(upstream.addr, &redis.url(), "", spread.clone());
+    let b = gateway(upstream.addr, &redis.url(), "", spread);
     let client = Client::new(a.addr);
     let key = format!("\"{HOSTILE_KEY}\"");
     let order = r#"{"sku":"A-1","note":"</script><img src=x onerror=window.__pwned=2>"}"#;
@@ -111,9 +128,19 @@ fn resolve_in_the_console(chromium: &Path, chromedriver: &Path, rt: &tokio::runt
     check(first.status == 502, || format!("the upstream hung up: outcome unknown, not {}", first.status))?;
     check(upstream.executions() == 1, || "sent once".to_owned())?;
 
+    // Enough requests that the gone instance fails three connects running (whatever each
+    // request's answer: a pass-through request it could not take may be answered 502).
+    for _ in 0..20 {
+        rt.block_on(client.post_json("/spread", None, "{}"));
+    }
+
     let driver = Driver::start(chromedriver)?;
     let page = driver.session(chromium)?;
     sign_in(&page, a.admin, ALICE, "alice (operate)")?;
+    // The instances of each route's upstream, and the one left out, why and for how long.
+    let routes = page.wait_text("#routes tbody", WAIT, |t| t.contains("left out for"))?;
+    check(routes.contains("127.0.0.1:9: left out for") && routes.contains("(connect, ejection 1)"), || routes.clone())?;
+    check(routes.contains(&format!("{}: serving", live.addr)), || routes.clone())?;
     let held = page.wait_text("#held tbody", WAIT, |t| t.contains(HOSTILE_KEY))?;
     check(held.contains("unknown"), || format!("the row says unknown: {held}"))?;
     // Shown as its characters: no element made of it, no script of it run.
@@ -163,4 +190,40 @@ fn resolve_in_the_console(chromium: &Path, chromedriver: &Path, rt: &tokio::runt
         "",
     ));
     check(refused.status == 403, || format!("the API refuses a read token: {}", refused.status))
+}
+
+/// Three operators with the console open, polling, on an admin listener capped at six
+/// connections: each tab holds one connection (its calls go one at a time), and probes on
+/// fresh connections are answered at once beside them.
+fn consoles_beside_probes(chromium: &Path, chromedriver: &Path, rt: &tokio::runtime::Runtime) -> Result<(), String> {
+    let redis = support::redis::RedisServer::start();
+    let upstream = rt.block_on(TestUpstream::start());
+    let gw = gateway(upstream.addr, &redis.url(), "admin_max_connections = 6", String::new());
+    let driver = Driver::start(chromedriver)?;
+    let tabs = [driver.session(chromium)?, driver.session(chromium)?, driver.session(chromium)?];
+    for tab in &tabs {
+        sign_in(tab, gw.admin, VIEWER, "viewer (read)")?;
+    }
+    // Let them poll a few rounds.
+    std::thread::sleep(Duration::from_secs(6));
+    let probe = Client::new(gw.admin);
+    for n in 0..30 {
+        let started = std::time::Instant::now();
+        let ready = rt.block_on(async {
+            tokio::time::timeout(Duration::from_secs(2), probe.try_send(Method::GET, "/readyz", &[], "")).await
+        });
+        let status = match ready {
+            Ok(Ok(reply)) => reply.status.as_u16(),
+            Ok(Err(e)) => return Err(format!("probe {n} failed: {e}")),
+            Err(_) => return Err(format!("probe {n} waited 2 s beside three open consoles")),
+        };
+        check(status == 200, || format!("probe {n}: {status}"))?;
+        check(started.elapsed() < Duration::from_secs(2), || format!("probe {n} took {:?}", started.elapsed()))?;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // And the consoles are still live.
+    for tab in &tabs {
+        tab.wait_text("#outcomes-window", WAIT, |t| t.starts_with("over the last"))?;
+    }
+    Ok(())
 }

@@ -18,6 +18,7 @@ const state = {
   token: null,
   role: null,
   routes: [],
+  upstreams: {},
   samples: [],
   heldCursor: null,
   heldRoutes: [],
@@ -125,11 +126,21 @@ function signOut(message) {
   say(message || 'Signed out.');
 }
 
+// One call at a time: a tab holds one connection of the admin listener's few, whatever it
+// shows, so that open consoles never starve the probes.
 async function start() {
   await loadRoutes();
-  await Promise.all([pollOutcomes(), loadHeld(true), loadAudit(true)]);
-  state.timers.push(setInterval(pollOutcomes, POLL_MS));
-  state.timers.push(setInterval(() => loadAudit(true), 2 * POLL_MS));
+  await pollOutcomes();
+  await loadHeld(true);
+  await loadAudit(true);
+  state.timers.push(setInterval(refresh, POLL_MS));
+}
+
+let ticks = 0;
+async function refresh() {
+  await pollOutcomes();
+  ticks += 1;
+  if (ticks % 2 === 0) await loadAudit(true);
 }
 
 // ---------- routes ----------
@@ -141,12 +152,7 @@ async function loadRoutes() {
     fail('Routes', e);
     return;
   }
-  const body = $('routes').tBodies[0];
-  body.replaceChildren();
-  for (const r of state.routes) {
-    const mode = r.idempotency ? r.idempotency.mode : 'pass-through';
-    body.appendChild(row([r.name, (r.methods || ['any']).join(', '), r.path, (r.hosts || ['any']).join(', '), r.upstream, mode]));
-  }
+  drawRoutes();
   const select = $('held-route');
   select.replaceChildren(el('option', 'every idempotent route'));
   select.firstChild.value = '';
@@ -155,6 +161,34 @@ async function loadRoutes() {
     option.value = r.name;
     select.appendChild(option);
   }
+}
+
+function drawRoutes() {
+  const body = $('routes').tBodies[0];
+  body.replaceChildren();
+  for (const r of state.routes) {
+    const mode = r.idempotency ? r.idempotency.mode : 'pass-through';
+    const instances = (state.upstreams[r.upstream] || []).map(describeInstance).join('; ');
+    body.appendChild(row([r.name, (r.methods || ['any']).join(', '), r.path, (r.hosts || ['any']).join(', '), r.upstream, instances, mode]));
+  }
+}
+
+function describeInstance(i) {
+  if (i.left_out) {
+    return i.address + ': left out for ' + Math.ceil(i.left_out_for_ms / 1000) + ' s more (' + i.left_out_because.replace(/_/g, ' ') + ', ejection ' + i.ejections + ')';
+  }
+  return i.address + ': serving, ' + i.in_flight + ' in flight';
+}
+
+async function loadUpstreams() {
+  try {
+    const list = await api('GET', '/upstreams');
+    state.upstreams = {};
+    for (const u of list) state.upstreams[u.name] = u.instances;
+  } catch (e) {
+    return fail('Upstreams', e);
+  }
+  drawRoutes();
 }
 
 // ---------- outcomes, from /metrics ----------
@@ -206,6 +240,7 @@ async function pollOutcomes() {
   state.samples.push({ at: now, routes: parseMetrics(text) });
   while (state.samples.length > 2 && now - state.samples[0].at > WINDOW_MS) state.samples.shift();
   drawOutcomes();
+  await loadUpstreams();
 }
 
 function drawOutcomes() {
@@ -381,7 +416,8 @@ async function releaseRecord(force) {
 
 async function afterChange() {
   if (state.record) await showRecord(state.record);
-  await Promise.all([loadHeld(true), loadAudit(true)]);
+  await loadHeld(true);
+  await loadAudit(true);
 }
 
 async function reload() {
