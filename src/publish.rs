@@ -233,6 +233,7 @@ fn policy_json(p: &IdempotencyPolicy) -> Value {
         "max_new_keys": p.max_new_keys.map(|q| json!({ "count": q.count, "window_ms": ms(q.window) })),
         "attempt_header": p.attempt_header.as_ref().map(|h| h.as_str().to_owned()),
         "replay_header": p.replay_header.as_str(),
+        "admin_body_preview": p.admin_body_preview,
     })
 }
 

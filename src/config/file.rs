@@ -324,6 +324,9 @@ pub struct IdempotencySection {
     pub on_store_error: Option<String>,
     /// Header added to replayed responses.
     pub replay_header: Option<String>,
+    /// Whether operate tokens may see the start of a stored body through the admin API and
+    /// the console (off: bodies carry customers' data).
+    pub admin_body_preview: Option<bool>,
     /// Sent upstream, but no complete answer: `"hold"` the key (retries get 502
     /// outcome-unknown) or `"release"` it (retries run again).
     pub on_unknown_outcome: Option<String>,

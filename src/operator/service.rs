@@ -55,9 +55,9 @@ impl<'a> Keys<'a> {
         Self { rt, route, index: IndexKey::new(rt.key_prefix(), &route.policy.identity.name), by, retention }
     }
 
-    /// What the store holds for `record`.
-    pub async fn inspect(&self, record: &RecordKey) -> Result<Option<wire::Record>, StoreError> {
-        Ok(self.rt.records().get(record).await?.as_ref().map(wire::Record::from))
+    /// What the store holds for `record`, the stored answer included.
+    pub async fn inspect(&self, record: &RecordKey) -> Result<Option<crate::store::Entry>, StoreError> {
+        self.rt.records().get(record).await
     }
 
     /// Releases `record`, keeping its attempt count: a retry runs again. A key a running

@@ -134,6 +134,7 @@ mod tests {
             state: EntryState::Unknown { lookup: Some(Duration::from_millis(1500)), trusted_in: None },
             attempt: 2,
             expires_in: Duration::from_secs(60),
+            answer: None,
         };
         assert_eq!(
             serde_json::to_string(&Record::from(&unknown)).unwrap(),
@@ -143,6 +144,7 @@ mod tests {
             state: EntryState::Completed { status: 201, body_len: 14 },
             attempt: 1,
             expires_in: Duration::from_secs(5),
+            answer: None,
         };
         assert_eq!(
             serde_json::to_string(&Record::from(&completed)).unwrap(),

@@ -70,6 +70,9 @@ pub struct IdempotencyPolicy {
     pub on_store_error: StoreFailurePolicy,
     /// Header that marks replayed responses.
     pub replay_header: HeaderName,
+    /// Whether operate tokens may see the start of a stored body (`GET /keys ... include=body`,
+    /// the console). Off by default: bodies carry customers' data.
+    pub admin_body_preview: bool,
     /// What a request that was sent but got no complete answer leaves behind.
     pub on_unknown_outcome: UnknownOutcomePolicy,
     /// Header that tells the upstream which execution of the key this is; `None` sends none.

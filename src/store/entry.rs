@@ -3,10 +3,11 @@
 
 use std::time::Duration;
 
+use super::record::StoredResponse;
 use super::state::State;
 
 /// What the store holds for one key, for inspection.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Entry {
     /// The state, with what it holds.
     pub state: EntryState,
@@ -14,6 +15,9 @@ pub struct Entry {
     pub attempt: u32,
     /// Time until the record is dropped.
     pub expires_in: Duration,
+    /// Completed: the answer a replay sends; executed: its status and headers (no body).
+    /// Read with the record in the same call, so that an operator sees what a retry gets.
+    pub answer: Option<StoredResponse>,
 }
 
 /// The state of a record, for inspection.

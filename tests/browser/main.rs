@@ -30,6 +30,8 @@ const VIEWER: &str = "viewer-console-token-0123";
 const WAIT: Duration = Duration::from_secs(15);
 /// A key that is also markup: it must show as these characters, and run nothing.
 const HOSTILE_KEY: &str = "k1<img/src=x/onerror=window.__pwned=1></script>";
+/// The operator's answer, markup too: the console shows it back as text.
+const OPERATOR_ANSWER: &str = r#"{"id":"op-1","note":"</script><img src=x onerror=window.__pwned=3>"}"#;
 
 /// One scenario: given Chromium, chromedriver and a runtime, what went wrong, if anything.
 type Scenario = fn(&Path, &Path, &tokio::runtime::Runtime) -> Result<(), String>;
@@ -93,9 +95,15 @@ fn gateway(upstream: std::net::SocketAddr, redis_url: &str, server: &str, routes
          [[server.admin_tokens]]\nname = \"viewer\"\nrole = \"read\"\ntoken_env = \"TEST_VIEWER\"\n"
     );
     let store = format!("backend = \"redis\"\nurl = \"{redis_url}\"");
-    let toml =
-        Toml { server: &server, store: &store, upstream_lines: "timeout = \"5s\"", routes, ..Toml::new(upstream) }
-            .render();
+    let toml = Toml {
+        server: &server,
+        store: &store,
+        upstream_lines: "timeout = \"5s\"",
+        policy: "admin_body_preview = true",
+        routes,
+        ..Toml::new(upstream)
+    }
+    .render();
     GatewayProc::start_full(&toml, &[], &[("TEST_ALICE", ALICE), ("TEST_VIEWER", VIEWER)])
 }
 
@@ -154,7 +162,7 @@ fn resolve_in_the_console(chromium: &Path, chromedriver: &Path, rt: &tokio::runt
     let status = page.find("#resolve-status", WAIT)?;
     page.clear(&status)?;
     page.type_text(&status, "201")?;
-    page.type_text(&page.find("#resolve-body", WAIT)?, r#"{"id":"op-1"}"#)?;
+    page.type_text(&page.find("#resolve-body", WAIT)?, OPERATOR_ANSWER)?;
     page.click(&page.find("#resolve", WAIT)?)?;
     // The confirmation says what it does before anything changes.
     let said =
@@ -165,7 +173,14 @@ fn resolve_in_the_console(chromium: &Path, chromedriver: &Path, rt: &tokio::runt
 
     let retry = rt.block_on(client.post_json("/orders", Some(&key), order));
     check(retry.status == 201 && retry.is_replay(), || format!("the retry got {} {:?}", retry.status, retry.body))?;
-    check(&retry.body[..] == br#"{"id":"op-1"}"#, || format!("the operator's answer: {:?}", retry.body))?;
+    check(&retry.body[..] == OPERATOR_ANSWER.as_bytes(), || format!("the operator's answer: {:?}", retry.body))?;
+    // The record now shows the answer a replay sends, its body as text: markup in it stays
+    // characters, and nothing of it runs.
+    let record = page.wait_text("#record", WAIT, |t| t.contains("completed") && t.contains("answer body"))?;
+    check(record.contains("onerror=window.__pwned=3"), || format!("the body as text: {record}"))?;
+    let images = page.run("return document.querySelectorAll('main img, main script').length")?;
+    check(images == 0, || format!("the body became markup: {images} elements"))?;
+    check(page.run("return window.__pwned === undefined")? == true, || "a script from the body ran".to_owned())?;
     check(upstream.executions() == 1, || "the retry never reached the upstream".to_owned())?;
     let shot = page.screenshot()?;
     let file = Path::new(env!("CARGO_TARGET_TMPDIR")).join("console.png");
@@ -189,7 +204,31 @@ fn resolve_in_the_console(chromium: &Path, chromedriver: &Path, rt: &tokio::runt
         &[("authorization", bearer.as_str()), ("scope-authorization", DEFAULT_AUTH)],
         "",
     ));
-    check(refused.status == 403, || format!("the API refuses a read token: {}", refused.status))
+    check(refused.status == 403, || format!("the API refuses a read token: {}", refused.status))?;
+    // A read token sees the answer's status and headers, never its body.
+    let path = format!("/keys?route=orders&key={}&include=answer", percent(&key));
+    let seen = rt.block_on(Client::new(b.admin).send(
+        Method::GET,
+        &path,
+        &[("authorization", bearer.as_str()), ("scope-authorization", DEFAULT_AUTH)],
+        "",
+    ));
+    let answer = &seen.json()["answer"];
+    check(answer["status"] == 201 && answer["body_preview"].is_null(), || format!("{answer}"))?;
+    check(answer["body_preview_withheld"] == "an operate token is needed", || format!("{answer}"))
+}
+
+/// `text` percent-encoded for a query value.
+fn percent(text: &str) -> String {
+    text.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
 }
 
 /// Three operators with the console open, polling, on an admin listener capped at six

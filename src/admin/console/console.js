@@ -327,7 +327,7 @@ async function showRecord(which) {
   list.replaceChildren();
   let found;
   try {
-    found = await api('GET', '/keys?' + recordQuery());
+    found = await api('GET', '/keys?' + recordQuery({ include: 'answer' }));
   } catch (e) {
     found = e.status === 404 ? { state: 'absent' } : null;
     if (!found) return fail('Record', e);
@@ -347,6 +347,17 @@ async function showRecord(which) {
   add('expires in', found.expires_in_ms !== undefined ? Math.round(found.expires_in_ms / 1000) + ' s' : undefined);
   add('lease left', found.lease_left_ms !== undefined ? Math.round(found.lease_left_ms / 1000) + ' s' : undefined);
   add('lookup running', found.lookup_in_flight);
+  const answer = found.answer;
+  if (answer) {
+    add('answer status', answer.status);
+    for (const [name, values] of Object.entries(answer.headers)) add('answer header ' + name, values.join(', '));
+    if (answer.body_preview !== undefined) {
+      const shown = answer.body_preview_encoding === 'base64' ? '(base64) ' + answer.body_preview : answer.body_preview;
+      add('answer body' + (answer.body_preview_truncated ? ' (first 4 KiB)' : ''), shown);
+    } else {
+      add('answer body', answer.body_bytes + ' bytes, not shown: ' + answer.body_preview_withheld);
+    }
+  }
   state.record.found = found;
 }
 

@@ -217,6 +217,7 @@ fn policy(
         on_store_error: on_store_error?,
         replay_header: replay_header?,
         reconcile: reconcile?,
+        admin_body_preview: s.admin_body_preview.unwrap_or(false),
     })
 }
 

@@ -24,6 +24,11 @@ impl Records for MemoryStore {
             state: slot.entry_state(now),
             attempt: slot.attempt,
             expires_in: slot.expires.0.saturating_duration_since(now),
+            // A clone shares the body's bytes.
+            answer: match &slot.data {
+                Data::Completed(r) | Data::Executed(r) => Some(r.clone()),
+                _ => None,
+            },
         }))
     }
 }

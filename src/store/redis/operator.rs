@@ -27,13 +27,21 @@ impl Records for RedisStore {
         let attempt = items.attempt()?;
         let lease_left = Duration::from_millis(items.int()?.max(0) as u64);
         let expires_in = Duration::from_millis(items.int()?.max(0) as u64);
+        let mut answer = None;
         let state = match state_of(&tag)?.ok_or_else(|| protocol("a record without a state"))? {
             State::InProgress => EntryState::InProgress { lease_left },
             State::Completed => {
                 let r = items.response()?;
-                EntryState::Completed { status: r.status.as_u16(), body_len: r.body.len() }
+                let state = EntryState::Completed { status: r.status.as_u16(), body_len: r.body.len() };
+                answer = Some(r);
+                state
             }
-            State::Executed => EntryState::Executed { status: items.response()?.status.as_u16() },
+            State::Executed => {
+                let r = items.response()?;
+                let state = EntryState::Executed { status: r.status.as_u16() };
+                answer = Some(r);
+                state
+            }
             State::Unknown => {
                 // Negative: the record keeps no trust time (written by an earlier version).
                 let trusted_in = u64::try_from(items.int()?).ok().map(Duration::from_millis);
@@ -41,7 +49,7 @@ impl Records for RedisStore {
             }
             State::Released => EntryState::Released,
         };
-        Ok(Some(Entry { state, attempt, expires_in }))
+        Ok(Some(Entry { state, attempt, expires_in, answer }))
     }
 }
 
