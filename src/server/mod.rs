@@ -40,6 +40,9 @@ const ABANDON_FLUSH: Duration = Duration::from_secs(1);
 /// After the grace period, how long abandoned exchanges get to settle their keys.
 const ABANDON_SETTLE: Duration = Duration::from_secs(5);
 
+/// How long an admin connection may sit idle (see `run`).
+const ADMIN_IDLE: Duration = Duration::from_secs(10);
+
 /// Why the server could not start.
 #[derive(Debug, Error)]
 pub enum ServeError {
@@ -176,8 +179,13 @@ impl Server {
     pub async fn run(self, shutdown: impl Future<Output = ()>) {
         let Self { live, listener, admin, grace, limits, trusted, budget } = self;
         let draining = CancellationToken::new();
+        // An admin connection idle for ADMIN_IDLE is closed, whatever `idle_timeout` says: a
+        // browser opens several to load the console and keeps the spare ones idle (Chromium,
+        // for minutes), each holding one of the listener's few places; the console itself
+        // calls every 5 s on one, which stays.
+        let admin_limits = Limits { idle_timeout: limits.idle_timeout.min(ADMIN_IDLE), ..limits.clone() };
         let admin_task =
-            admin.map(|(l, a)| tokio::spawn(serve_admin(l, a, draining.clone(), limits.clone(), budget.admin)));
+            admin.map(|(l, a)| tokio::spawn(serve_admin(l, a, draining.clone(), admin_limits, budget.admin)));
         let connections = TaskTracker::new();
         let open = Arc::new(Open::default());
         let builder = Arc::new(http_builder(&limits));

@@ -53,12 +53,13 @@ fn main() -> ExitCode {
         }
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let scenarios: [(&str, Scenario); 2] = [
+    let scenarios: [(&str, Scenario); 3] = [
         (
             "a stuck key is resolved in the console, its retry replays, another gateway shows who",
             resolve_in_the_console,
         ),
         ("open consoles poll within the admin cap and the probes are answered beside them", consoles_beside_probes),
+        ("a flood on the admin listener while the console polls", flood_while_the_console_polls),
     ];
     let mut failed = 0;
     for (name, scenario) in scenarios {
@@ -109,10 +110,12 @@ fn gateway(upstream: std::net::SocketAddr, redis_url: &str, server: &str, routes
 
 fn sign_in(page: &Session<'_>, admin: std::net::SocketAddr, token: &str, who: &str) -> Result<(), String> {
     page.go(&format!("http://{admin}/console/"))?;
-    let field = page.find("#token", WAIT).map_err(|e| format!("{e}; the page: {}", page.source()))?;
+    // Longer than WAIT: on a listener at its cap, a page may wait for a place the listener
+    // frees when a spare connection has been idle for 10 s.
+    let field = page.find("#token", 3 * WAIT).map_err(|e| format!("{e}; the page: {}", page.source()))?;
     page.type_text(&field, token)?;
     page.click(&page.find("#use-token", WAIT)?)?;
-    page.wait_text("#who-text", WAIT, |t| t.contains(who)).map(drop)
+    page.wait_text("#who-text", 3 * WAIT, |t| t.contains(who)).map(drop)
 }
 
 /// A person goes from "a key is stuck" to "resolved, and the retry replays" in the console
@@ -240,11 +243,12 @@ fn consoles_beside_probes(chromium: &Path, chromedriver: &Path, rt: &tokio::runt
     let gw = gateway(upstream.addr, &redis.url(), "admin_max_connections = 6", String::new());
     let driver = Driver::start(chromedriver)?;
     let tabs = [driver.session(chromium)?, driver.session(chromium)?, driver.session(chromium)?];
+    // One after the other: a loading page takes several connections for a moment, whose
+    // spares the listener closes after 10 s idle; then each tab holds one.
     for tab in &tabs {
         sign_in(tab, gw.admin, VIEWER, "viewer (read)")?;
     }
-    // Let them poll a few rounds.
-    std::thread::sleep(Duration::from_secs(6));
+    std::thread::sleep(Duration::from_secs(11));
     let probe = Client::new(gw.admin);
     for n in 0..30 {
         let started = std::time::Instant::now();
@@ -265,4 +269,38 @@ fn consoles_beside_probes(chromium: &Path, chromedriver: &Path, rt: &tokio::runt
         tab.wait_text("#outcomes-window", WAIT, |t| t.starts_with("over the last"))?;
     }
     Ok(())
+}
+
+/// A flood of silent connections on the admin listener (past its cap) while an operator has
+/// the console open: the console goes on over the connection it holds, the proxy serves, and
+/// once the flood is cut off at the header timeout, probes are answered again.
+fn flood_while_the_console_polls(
+    chromium: &Path,
+    chromedriver: &Path,
+    rt: &tokio::runtime::Runtime,
+) -> Result<(), String> {
+    let redis = support::redis::RedisServer::start();
+    let upstream = rt.block_on(TestUpstream::start());
+    let gw =
+        gateway(upstream.addr, &redis.url(), "admin_max_connections = 8\nheader_read_timeout = \"2s\"", String::new());
+    let driver = Driver::start(chromedriver)?;
+    let page = driver.session(chromium)?;
+    sign_in(&page, gw.admin, ALICE, "alice (operate)")?;
+    page.wait_text("#outcomes-window", WAIT, |t| t.starts_with("over the last"))?;
+    let flood: Vec<std::net::TcpStream> = (0..40).filter_map(|_| std::net::TcpStream::connect(gw.admin).ok()).collect();
+    check(flood.len() == 40, || format!("{} of 40 flood connections made", flood.len()))?;
+    // The console refreshes through the flood: its window moves on.
+    let before = page.text(&page.find("#outcomes-window", WAIT)?)?;
+    page.wait_text("#outcomes-window", WAIT, |t| t.starts_with("over the last") && t != before)?;
+    let served = rt.block_on(Client::new(gw.addr).post_json("/orders", Some("\"during-flood\""), "{}"));
+    check(served.status == 201, || format!("the proxy during the flood: {}", served.status))?;
+    // Cut off at the header timeout, seven at a time (the places the console leaves), the
+    // flood drains in about 40 / 7 rounds of 2 s, and the probes have their places back.
+    let ready = rt.block_on(async {
+        let probe = Client::new(gw.admin);
+        tokio::time::timeout(Duration::from_secs(20), probe.try_send(Method::GET, "/readyz", &[], "")).await
+    });
+    check(matches!(&ready, Ok(Ok(r)) if r.status == 200), || format!("a probe after the flood: {ready:?}"))?;
+    drop(flood);
+    page.wait_text("#outcomes-window", WAIT, |t| t.starts_with("over the last")).map(drop)
 }
