@@ -47,6 +47,7 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
+mod answer;
 mod audit;
 mod console;
 mod keys;

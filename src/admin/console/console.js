@@ -308,7 +308,7 @@ function heldRow(route, r) {
   tr.addEventListener('click', () => {
     for (const other of $('held').tBodies[0].rows) other.classList.remove('chosen');
     tr.classList.add('chosen');
-    showRecord({ route, key: r.key, scope_hash: r.scope_hash });
+    showRecord({ route, key: r.key, scope_hash: r.scope_hash, method: r.method, path: r.path, since_ms: r.since_ms, held: r.state });
   });
   return tr;
 }
@@ -340,6 +340,8 @@ async function showRecord(which) {
   add('route', which.route);
   add('key', which.key);
   add('scope hash', which.scope_hash);
+  add('request', which.method && which.path ? which.method + ' ' + which.path : undefined);
+  add('listed', which.since_ms !== undefined ? which.held + ' since ' + ago(which.since_ms) : undefined);
   add('state', found.state);
   add('attempts', found.attempt);
   add('status', found.status);
