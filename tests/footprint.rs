@@ -28,14 +28,19 @@ const IDLE_KEPT_ALIVE_LIMIT: i64 = 12 * 1024;
 /// A connection that never sent a byte: only the small task waiting for its first byte.
 const SILENT_LIMIT: i64 = 2 * 1024;
 
-fn resident_bytes(pid: u32) -> i64 {
+/// A `/proc/PID/status` field in kB, as bytes: `VmRSS` (resident now), `VmHWM` (its peak).
+fn status_bytes(pid: u32, field: &str) -> i64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("the gateway's /proc status");
     let kib: i64 = status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS in /proc status");
+        .unwrap_or_else(|| panic!("{field} in /proc status"));
     kib * 1024
+}
+
+fn resident_bytes(pid: u32) -> i64 {
+    status_bytes(pid, "VmRSS")
 }
 
 /// Sends one GET on `stream` and reads its whole answer (the test upstream's answers carry
@@ -120,13 +125,7 @@ async fn a_connection_that_never_sent_a_byte_holds_under_two_kilobytes() {
 }
 
 fn peak_resident_bytes(pid: u32) -> i64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("the gateway's /proc status");
-    let kib: i64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmHWM in /proc status");
-    kib * 1024
+    status_bytes(pid, "VmHWM")
 }
 
 /// Clients at once, each sending first requests whose answers are 1 MiB.

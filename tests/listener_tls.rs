@@ -175,22 +175,7 @@ async fn the_admin_listener_speaks_tls_with_its_own_certificate() {
 
 /// `POST /reload` over TLS with the admin token; the status.
 async fn reload_over_tls(addr: SocketAddr, ca: &CertificateDer<'static>) -> Result<u16, String> {
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add(ca.clone()).unwrap();
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let tcp = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
-    let tls = TlsConnector::from(Arc::new(config))
-        .connect(ServerName::IpAddress(addr.ip().into()), tcp)
-        .await
-        .map_err(|e| e.to_string())?;
-    let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(TokioIo::new(tls)).await.map_err(|e| e.to_string())?;
-    tokio::spawn(conn);
+    let mut sender = connect(addr, ca, None).await;
     let request = Request::post(format!("https://{addr}/reload"))
         .header("host", addr.to_string())
         .header("authorization", "Bearer test-admin-token-0123456789")

@@ -39,6 +39,18 @@ fn entries(reply: &Reply) -> Vec<Value> {
     reply.json()["entries"].as_array().cloned().unwrap_or_default()
 }
 
+/// A gateway on the memory store with the three tokens, the viewer's in a file (with the
+/// newline an editor leaves, which the gateway trims): the upstream, the gateway, the
+/// directory and the viewer's file.
+async fn on_memory() -> (TestUpstream, GatewayProc, tempfile::TempDir, std::path::PathBuf) {
+    let upstream = TestUpstream::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let viewer_file = dir.path().join("viewer");
+    std::fs::write(&viewer_file, format!("{VIEWER}\n")).unwrap();
+    let gw = start(upstream.addr, "backend = \"memory\"", &server_lines(&viewer_file, ""));
+    (upstream, gw, dir, viewer_file)
+}
+
 fn start(upstream: std::net::SocketAddr, store: &str, server: &str) -> GatewayProc {
     let toml = Toml { server, store, ..Toml::new(upstream) }.render();
     GatewayProc::start_full(&toml, &[], &[("TEST_TOKEN_ALICE", ALICE)])
@@ -46,11 +58,7 @@ fn start(upstream: std::net::SocketAddr, store: &str, server: &str) -> GatewayPr
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_token_looks_and_every_change_it_asks_for_is_refused_and_audited() {
-    let upstream = TestUpstream::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let viewer_file = dir.path().join("viewer");
-    std::fs::write(&viewer_file, format!("{VIEWER}\n")).unwrap();
-    let gw = start(upstream.addr, "backend = \"memory\"", &server_lines(&viewer_file, ""));
+    let (upstream, gw, _dir, _viewer) = on_memory().await;
     let client = gw.client();
     assert_eq!(client.post_json("/orders", Some("\"k-read\""), ORDER).await.status, 201);
     let admin = Client::new(gw.admin);
@@ -132,11 +140,7 @@ async fn a_read_token_looks_and_every_change_it_asks_for_is_refused_and_audited(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_are_added_changed_and_revoked_by_a_reload() {
-    let upstream = TestUpstream::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let viewer_file = dir.path().join("viewer");
-    std::fs::write(&viewer_file, VIEWER).unwrap();
-    let gw = start(upstream.addr, "backend = \"memory\"", &server_lines(&viewer_file, ""));
+    let (_upstream, gw, dir, viewer_file) = on_memory().await;
     let admin = Client::new(gw.admin);
     assert_eq!(call(&admin, Method::GET, "/routes", VIEWER, "").await.status, 200);
 
@@ -224,11 +228,7 @@ async fn every_gateway_on_one_redis_shares_the_trail_capped_and_paged() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_queries_on_the_trail_are_refused_in_words() {
-    let upstream = TestUpstream::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let viewer_file = dir.path().join("viewer");
-    std::fs::write(&viewer_file, VIEWER).unwrap();
-    let gw = start(upstream.addr, "backend = \"memory\"", &server_lines(&viewer_file, ""));
+    let (_upstream, gw, _dir, _viewer) = on_memory().await;
     let admin = Client::new(gw.admin);
     for query in [
         "cursor=%2B",
