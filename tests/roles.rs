@@ -245,6 +245,17 @@ async fn hostile_queries_on_the_trail_are_refused_in_words() {
         let refused = call(&admin, Method::GET, &format!("/audit?{query}"), VIEWER, "").await;
         assert_eq!((refused.status.as_u16(), refused.problem().as_str()), (400, "admin-bad-request"), "{query}");
     }
+    // A path the admin listener does not have names the ones it has.
+    for path in ["/", "/nope", "/keys/x"] {
+        let lost = admin.get(path, &[]).await;
+        assert_eq!((lost.status.as_u16(), lost.problem().as_str()), (404, "admin-not-found"), "{path}");
+        let detail = lost.json()["detail"].as_str().unwrap_or_default().to_owned();
+        for named in
+            ["/healthz (GET, HEAD)", "/keys (GET, HEAD, PUT, DELETE)", "/reload (POST)", "/console/ (GET, HEAD)"]
+        {
+            assert!(detail.contains(named), "{path}: {detail}");
+        }
+    }
     // A token on the trail is still needed, and a read one will do.
     assert_eq!(admin.get("/audit", &[]).await.status, 401);
     assert_eq!(call(&admin, Method::GET, "/audit?limit=1", VIEWER, "").await.status, 200);

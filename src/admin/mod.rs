@@ -253,7 +253,12 @@ async fn answer(
                 r.headers_mut().insert(header::ALLOW, HeaderValue::from_static(allow));
                 r
             }
-            None => problem(gw, StatusCode::NOT_FOUND, "admin-not-found", "Not found", "No such admin endpoint."),
+            None => {
+                // The endpoints there are, so that a first call to `/` or a typo finds its way.
+                let named: Vec<String> = ENDPOINTS.iter().map(|(path, allow)| format!("{path} ({allow})")).collect();
+                let detail = format!("No such admin endpoint. The endpoints are: {}.", named.join(", "));
+                problem(gw, StatusCode::NOT_FOUND, "admin-not-found", "Not found", &detail)
+            }
         },
     }
 }
