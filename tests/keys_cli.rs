@@ -460,6 +460,9 @@ fn keys_takes_the_listener_and_token_from_a_config_file_when_asked() {
         let run = idemgate(&args, &[WITH_TOKEN], None);
         assert_eq!(run.code, Some(2), "{args:?}: {run:?}");
     }
+    // Neither: the refusal names both ways, --config too.
+    let run = idemgate(&["keys", "list", "--route", "orders"], &[WITH_TOKEN], None);
+    assert!(run.stderr.contains("--admin <URL>") && run.stderr.contains("--config <PATH>"), "{run:?}");
     let help = idemgate(&["keys", "list", "--help"], &[], None);
     assert!(!help.stdout.contains("--log-format"), "{help:?}");
 }

@@ -393,6 +393,27 @@ async fn the_report_sums_what_the_gateways_observed() {
     assert_eq!(code, Some(2), "{err}");
     let (code, _, err) = report(&[]);
     assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--admin <URL>") && err.contains("--config <PATH>"), "names both ways: {err}");
+
+    // --config reads the admin listener from a gateway's file (as keys does), alone or beside
+    // --admin.
+    let file_a = tempfile::NamedTempFile::new().unwrap();
+    let text = std::fs::read_to_string(a.config_path()).unwrap();
+    let text = text.replacen("admin_listen = \"127.0.0.1:0\"", &format!("admin_listen = \"{}\"", a.admin), 1);
+    assert!(text.contains(&a.admin.to_string()), "the file names the listener: {text}");
+    std::fs::write(file_a.path(), text).unwrap();
+    let path_a = file_a.path().to_str().unwrap();
+    let (code, out, err) = report(&["--config", path_a, "--json"]);
+    assert_eq!(code, Some(0), "{err}");
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!((doc["gateways"].as_u64(), doc["routes"][0]["requests"].as_u64()), (Some(1), Some(2)), "{doc}");
+    let (code, out, err) = report(&["--admin", &ub, "--config", path_a, "--json"]);
+    assert_eq!(code, Some(0), "{err}");
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!((doc["gateways"].as_u64(), doc["routes"][0]["requests"].as_u64()), (Some(2), Some(4)), "{doc}");
+    let (code, _, err) = report(&["--config", "/nonexistent/gw.toml"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("/nonexistent/gw.toml"), "{err}");
     // A port nothing listens on.
     let gone = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
     let gone = format!("http://{gone}");

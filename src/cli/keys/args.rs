@@ -76,17 +76,26 @@ pub(super) struct ReleaseArgs {
 /// Where the admin listener is, and how to print its answers.
 #[derive(Args)]
 pub(super) struct AdminArgs {
+    #[command(flatten)]
+    pub(super) target: Target,
+    /// Print the admin API's JSON documents (for scripts) instead of a table.
+    #[arg(long)]
+    pub(super) json: bool,
+}
+
+/// The admin listener: `--admin` or `--config`, one of them; a call without either names
+/// both (a new user reaches for `--config`, which `report` takes too).
+#[derive(Args)]
+#[group(id = "target", required = true, multiple = false)]
+pub(super) struct Target {
     /// The admin listener's base URL, e.g. http://127.0.0.1:9090 (http or https).
-    #[arg(long, value_name = "URL", value_parser = parse_admin_url, required_unless_present = "config")]
+    #[arg(long, value_name = "URL", value_parser = parse_admin_url)]
     pub(super) admin: Option<AdminUrl>,
     /// Read the admin listener's address (server.admin_listen; 0.0.0.0 and [::] mean this
     /// machine) and its token (server.admin_token or the variable admin_token_env names) from
     /// this configuration file. Without it, no file is read.
-    #[arg(long, short, value_name = "PATH", conflicts_with = "admin")]
+    #[arg(long, short, value_name = "PATH")]
     pub(super) config: Option<PathBuf>,
-    /// Print the admin API's JSON documents (for scripts) instead of a table.
-    #[arg(long)]
-    pub(super) json: bool,
 }
 
 #[derive(Args)]

@@ -248,8 +248,13 @@ pub(super) fn admin_target(
     }
 }
 
-/// The admin listener and its token as a configuration file names them.
-fn from_config(path: &Path) -> Result<(AdminUrl, HeaderValue), Failure> {
+/// The admin listener's URL as the configuration file at `path` names it (`report --config`).
+pub(crate) fn admin_url_of(path: &Path) -> Result<AdminUrl, Failure> {
+    read_config(path).map(|(_, url)| url)
+}
+
+/// The configuration file at `path`, and its admin listener's URL.
+fn read_config(path: &Path) -> Result<(Config, AdminUrl), Failure> {
     let config = Config::load(path).map_err(|e| Failure::Usage(e.to_string()))?;
     let file = path.display();
     let Some(listen) = config.server.admin_listen else {
@@ -268,6 +273,13 @@ fn from_config(path: &Path) -> Result<(AdminUrl, HeaderValue), Failure> {
     let scheme = if config.server.admin_tls.is_some() { "https" } else { "http" };
     let url = parse_admin_url(&format!("{scheme}://{}", SocketAddr::new(ip, listen.port())))
         .map_err(|e| Failure::Usage(format!("{file}: server.admin_listen: {e}")))?;
+    Ok((config, url))
+}
+
+/// The admin listener and its token as a configuration file names them.
+fn from_config(path: &Path) -> Result<(AdminUrl, HeaderValue), Failure> {
+    let (config, url) = read_config(path)?;
+    let file = path.display();
     let token = match config.server.admin_token.as_deref() {
         Some(token) => bearer(token, "the file's admin token")?,
         None if std::env::var_os(TOKEN_VAR).is_some() => admin_token()?,

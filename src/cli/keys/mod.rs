@@ -52,7 +52,7 @@ fn execute(action: Action) -> Result<(), Failure> {
     // Everything local (listener, token, scope, body) is read and checked before the first
     // request, so that bad input never leaves half a job done.
     let admin = action.admin();
-    let (url, token) = admin_target(admin.admin.as_ref(), admin.config.as_deref())?;
+    let (url, token) = admin_target(admin.target.admin.as_ref(), admin.target.config.as_deref())?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -24,7 +24,7 @@ use clap::Args;
 use serde_json::{Value, json};
 
 use self::exposition::{Series, escaped};
-use crate::keys::client::{AdminClient, AdminUrl, parse_admin_url, problem_line};
+use crate::keys::client::{AdminClient, AdminUrl, admin_url_of, parse_admin_url, problem_line};
 use crate::keys::failure::Failure;
 
 /// The counters the report reads, and the label each is counted by besides `route`.
@@ -37,16 +37,29 @@ const REQUESTS_TOTAL: &str = "idemgate_requests_total";
 Reads /metrics, which needs no token. Counts run from each gateway's start.
 Exit status: 0 done, 1 a gateway could not be read, 2 unusable input.")]
 pub struct ReportArgs {
-    /// A gateway's admin listener, e.g. http://127.0.0.1:9090; repeat it for each gateway of a
-    /// fleet (their counts are summed).
-    #[arg(long, value_name = "URL", required = true, value_parser = parse_admin_url)]
-    admin: Vec<AdminUrl>,
+    #[command(flatten)]
+    gateways: Gateways,
     /// Only this route.
     #[arg(long, value_name = "ROUTE")]
     route: Option<String>,
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
+}
+
+/// The gateways to read: `--admin` (repeated), `--config`, or both; at least one.
+#[derive(Args)]
+#[group(id = "gateways", required = true, multiple = true)]
+struct Gateways {
+    /// A gateway's admin listener, e.g. http://127.0.0.1:9090; repeat it for each gateway of a
+    /// fleet (their counts are summed).
+    #[arg(long, value_name = "URL", value_parser = parse_admin_url)]
+    admin: Vec<AdminUrl>,
+    /// Read a gateway's admin listener from its configuration file (server.admin_listen;
+    /// 0.0.0.0 and [::] mean this machine), as `idemgate keys --config` does; with --admin,
+    /// one gateway more.
+    #[arg(long, short, value_name = "PATH")]
+    config: Option<std::path::PathBuf>,
 }
 
 /// What each request on an observing route would have met, in the order the report lists
@@ -97,7 +110,11 @@ fn execute(args: &ReportArgs) -> Result<String, Failure> {
         .build()
         .map_err(|e| Failure::Failed(format!("cannot start the runtime: {e}")))?;
     let mut counts = Counts::default();
-    for url in &args.admin {
+    let mut gateways: Vec<AdminUrl> = args.gateways.admin.clone();
+    if let Some(path) = &args.gateways.config {
+        gateways.push(admin_url_of(path)?);
+    }
+    for url in &gateways {
         let client = AdminClient::anonymous(url)?;
         let answer = runtime.block_on(client.get("/metrics"))?;
         if !answer.status.is_success() {
@@ -122,7 +139,7 @@ fn execute(args: &ReportArgs) -> Result<String, Failure> {
         }
         routes.retain(|name, _| name == only);
     }
-    let gateways = args.admin.len();
+    let gateways = gateways.len();
     Ok(if args.json { json_report(&routes, gateways) } else { text_report(&routes, gateways) })
 }
 
