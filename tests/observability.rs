@@ -136,8 +136,15 @@ async fn metrics_have_latency_histograms_and_gauges() {
         "idemgate_exchanges_running 0",
         "idemgate_waiting_duplicates 0",
         r#"idemgate_request_seconds_bucket{le="0.0005",route="orders",outcome="executed"}"#,
+        // Only the upstream classes a route can produce: abandoned on the idempotent route,
+        // 1xx (a bridged upgrade's 101) where requests pass through.
+        r#"idemgate_upstream_seconds_count{route="orders",class="abandoned"} 0"#,
+        r#"idemgate_upstream_seconds_count{route="rest",class="1xx"} 0"#,
     ] {
         assert!(text.contains(needle), "missing {needle} in\n{text}");
+    }
+    for absent in [r#"{route="rest",class="abandoned"}"#, r#"{route="orders",class="1xx"}"#] {
+        assert!(!text.contains(absent), "{absent} is a class the route cannot produce:\n{text}");
     }
 }
 

@@ -364,10 +364,23 @@ impl Metrics {
                     latency_histogram()
                 }
             }),
+            // Only the classes the route can produce are exposed: `abandoned` (an exchange
+            // given up at shutdown) on idempotent routes, `1xx` (a bridged upgrade's 101) where
+            // requests pass through; the others stay unregistered.
             upstream_seconds: UPSTREAM_CLASSES
                 .iter()
                 .map(|&class| {
-                    (class, self.upstream_seconds.get_or_create(&RouteClass { route: route.to_owned(), class }).clone())
+                    let produced = match class {
+                        "abandoned" => produces.idempotent,
+                        "1xx" => produces.keyless || produces.observes,
+                        _ => true,
+                    };
+                    let histogram = if produced {
+                        self.upstream_seconds.get_or_create(&RouteClass { route: route.to_owned(), class }).clone()
+                    } else {
+                        latency_histogram()
+                    };
+                    (class, histogram)
                 })
                 .collect(),
             upstream_quantiles: Arc::clone(
