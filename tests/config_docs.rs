@@ -404,3 +404,26 @@ fn every_warning_of_check_is_documented() {
         assert!(listed.iter().any(|word| word.contains(key.as_str())), "warning on {key} not in the list: {listed:?}");
     }
 }
+
+/// The keys an unknown key is compared with for a suggestion (`src/config/known.rs`) are the
+/// schema's keys, no more, no fewer: a key added to `file.rs` and not there fails here.
+#[test]
+fn the_keys_suggested_for_a_misspelling_are_the_schemas() {
+    let source = read("src/config/file.rs");
+    let schema: BTreeSet<String> = schema(&source)
+        .iter()
+        .flat_map(|(name, fields)| {
+            fields.iter().filter(move |f| !BESIDE.contains(&(name.as_str(), f.key.as_str()))).map(|f| f.key.clone())
+        })
+        .collect();
+    let known = read("src/config/known.rs");
+    let list =
+        known.split("KNOWN_KEYS: &[&str] = &[").nth(1).and_then(|rest| rest.split("];").next()).expect("the list");
+    let listed: BTreeSet<String> = list.split('"').skip(1).step_by(2).map(str::to_owned).collect();
+    assert_eq!(listed, schema, "src/config/known.rs against src/config/file.rs");
+    // And the suggestion reaches the error.
+    let text = "[server]\nlisten = \"127.0.0.1:0\"\n[store]\nbackend = \"memory\"\n[upstreams.app]\nurl = \"http://127.0.0.1:3000\"\n\
+                [[routes]]\nname = \"orders\"\npath = \"/orders\"\nupstream = \"app\"\n[routes.idempotency]\nretension = \"1h\"\n";
+    let error = idemgate::config::Config::from_toml(text, "gw.toml").err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(error.contains("unknown key (misspelt? did you mean `retention`?"), "{error}");
+}

@@ -14,6 +14,7 @@ mod admin;
 pub mod change;
 mod defaults;
 mod file;
+mod known;
 mod redis_url;
 mod source;
 mod store;

@@ -223,7 +223,15 @@ impl Reader {
 
     fn unknown(&mut self, keys: std::collections::BTreeSet<String>) {
         for key in keys {
-            self.issue(key, "unknown key (misspelt? docs/configuration.md lists every key)".into());
+            // The last part of the path, without a list's index: `routes[0].idempotency.leas`.
+            let name = key.rsplit('.').next().unwrap_or(&key).split('[').next().unwrap_or_default();
+            let reason = match super::known::nearest(name) {
+                Some(meant) => {
+                    format!("unknown key (misspelt? did you mean `{meant}`? docs/configuration.md lists every key)")
+                }
+                None => "unknown key (misspelt? docs/configuration.md lists every key)".to_owned(),
+            };
+            self.issue(key, reason);
         }
     }
 }
