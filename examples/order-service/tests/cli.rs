@@ -83,7 +83,7 @@ async fn sigint_exits_zero() {
 
 #[tokio::test]
 async fn postgres_sigterm_exits_zero() {
-    let Some(db) = TestDb::postgres().await else {
+    let Some(db) = TestDb::postgres("postgres_sigterm_exits_zero").await else {
         return;
     };
     serves_then_exits_cleanly(db.url(), "TERM").await;

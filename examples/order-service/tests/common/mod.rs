@@ -4,7 +4,9 @@
 // Each test crate uses a different subset of these helpers.
 #![allow(dead_code)]
 
+use std::io::Write;
 use std::net::SocketAddr;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -20,13 +22,19 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 pub const POSTGRES_ENV: &str = "ORDER_SERVICE_TEST_POSTGRES";
+/// The server the Postgres tests use when `ORDER_SERVICE_TEST_POSTGRES` is not set: the local
+/// one, as its superuser, without a password (a trust login).
+pub const LOCAL_POSTGRES: &str = "postgres://postgres@127.0.0.1:5432/postgres";
+
+/// Whether the local server took a login, asked once per test process: its URL, or why not.
+static LOCAL: OnceLock<Result<String, String>> = OnceLock::new();
 
 /// Distinguishes databases created by one test process within the same nanosecond.
 static DB_SEQ: AtomicUsize = AtomicUsize::new(0);
 
 /// A database that exists for one test. SQLite lives in a temp dir; Postgres gets a
-/// uniquely named database on the server from `ORDER_SERVICE_TEST_POSTGRES`, dropped when
-/// this value is dropped, including while a failed test unwinds.
+/// uniquely named database on the server from `ORDER_SERVICE_TEST_POSTGRES` (or the local
+/// one), dropped when this value is dropped, including while a failed test unwinds.
 pub struct TestDb {
     url: String,
     backend: Backend,
@@ -44,23 +52,34 @@ impl TestDb {
         Self { url, backend: Backend::Sqlite(dir) }
     }
 
-    /// `None` (after saying so) when no Postgres server is configured.
-    pub async fn postgres() -> Option<Self> {
-        let Ok(admin_url) = std::env::var(POSTGRES_ENV) else {
-            eprintln!("skipped: {POSTGRES_ENV} is not set");
-            return None;
+    /// A database on the server from `ORDER_SERVICE_TEST_POSTGRES`, else on the local server
+    /// when it takes a login. Without either, `None` after reporting `test` as not run, on
+    /// stderr past the test harness's capture, so that it shows; with `CI=true` that fails
+    /// the test instead. A server that is named but does not answer fails the test.
+    pub async fn postgres(test: &str) -> Option<Self> {
+        let admin_url = match std::env::var(POSTGRES_ENV) {
+            Ok(url) => url,
+            Err(_) => match LOCAL.get_or_init(local_postgres) {
+                Ok(url) => url.clone(),
+                Err(why) => {
+                    not_run(test, why);
+                    return None;
+                }
+            },
         };
         let nanos = SystemTime::now().duration_since(UNIX_EPOCH).expect("clock").as_nanos();
         let name =
             format!("order_service_test_{}_{}_{}", std::process::id(), nanos, DB_SEQ.fetch_add(1, Ordering::Relaxed));
-        let mut admin = sqlx::PgConnection::connect(&admin_url).await.expect("connect to test Postgres");
+        let mut admin = sqlx::PgConnection::connect(&admin_url)
+            .await
+            .unwrap_or_else(|err| panic!("connect to test Postgres {admin_url}: {err}"));
         // The name is generated above from digits and underscores, so quoting suffices.
         sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
             .execute(&mut admin)
             .await
             .expect("create test database");
         let _ = admin.close().await;
-        let mut url = url::Url::parse(&admin_url).expect("parse ORDER_SERVICE_TEST_POSTGRES");
+        let mut url = url::Url::parse(&admin_url).expect("parse the Postgres URL");
         url.set_path(&name);
         Some(Self { url: url.to_string(), backend: Backend::Postgres { admin_url, name } })
     }
@@ -68,6 +87,39 @@ impl TestDb {
     pub fn url(&self) -> &str {
         &self.url
     }
+}
+
+/// `LOCAL_POSTGRES` if something answers on its port and takes the login, else why not.
+fn local_postgres() -> Result<String, String> {
+    let addr = SocketAddr::from(([127, 0, 0, 1], 5432));
+    std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(2))
+        .map_err(|err| format!("nothing answers on {addr}: {err}"))?;
+    // Asked from inside a test's runtime: a thread with its own runtime, as in `Drop`.
+    let login = std::thread::spawn(|| {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+        rt.block_on(async {
+            let conn = tokio::time::timeout(Duration::from_secs(5), sqlx::PgConnection::connect(LOCAL_POSTGRES))
+                .await
+                .map_err(|_| "the login timed out".to_owned())?
+                .map_err(|err| format!("the login was refused: {err}"))?;
+            let _ = conn.close().await;
+            Ok(LOCAL_POSTGRES.to_owned())
+        })
+    })
+    .join();
+    login
+        .unwrap_or_else(|_| Err("the login attempt panicked".to_owned()))
+        .map_err(|why| format!("{LOCAL_POSTGRES}: {why}"))
+}
+
+/// Reports a Postgres test that could not run: a failure with `CI=true`, else a line on stderr.
+fn not_run(test: &str, why: &str) {
+    let line = format!("NOT RUN: {test} ({why}; set {POSTGRES_ENV} or start PostgreSQL on 127.0.0.1:5432)");
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("{line}: CI runs every test");
+    }
+    // Straight to the stream: `eprintln!` would be captured, and shown only for a failure.
+    let _ = writeln!(std::io::stderr(), "{line}");
 }
 
 impl Drop for TestDb {
@@ -343,7 +395,8 @@ macro_rules! on_both_backends {
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn postgres() {
-                let Some(db) = $crate::common::TestDb::postgres().await else { return };
+                let test = concat!(stringify!($name), "::postgres");
+                let Some(db) = $crate::common::TestDb::postgres(test).await else { return };
                 super::$name(db.url()).await;
             }
         }
