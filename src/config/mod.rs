@@ -15,6 +15,7 @@ pub mod change;
 mod defaults;
 mod file;
 mod known;
+pub mod reach;
 mod redis_url;
 mod source;
 mod store;

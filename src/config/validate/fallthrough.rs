@@ -9,14 +9,8 @@
 //! as documented, and silent. Likewise `PUT /orders` listed on a pass-through route beside a
 //! keyed `POST /orders`.
 //!
-//! The router itself says where a request goes (its matching, not a comparison of strings:
-//! `/orders` is under `/{*rest}`), asked for sample requests:
-//! - paths: each keyed route's pattern, with a segment no pattern names in each parameter;
-//! - hosts: every exact host routes name; for each wildcard, its own text (`*.example.com`,
-//!   which only that wildcard and those over it match, as an unnamed name under it is); and
-//!   no host, as for a host no route names;
-//! - methods: the unsafe ones (RFC 9110 §9.2.1: all but GET, HEAD, OPTIONS and TRACE): POST,
-//!   PUT, PATCH, DELETE, and any other a route names.
+//! Where each sample request goes is asked of the router ([`crate::config::reach`], which
+//! `idemgate check --openapi` shares).
 //!
 //! Warned: (a) a method the keyed route takes that reaches, for some host, a route without
 //! `[routes.idempotency]` of other hosts (a route of the same hosts that takes the sample path
@@ -32,19 +26,8 @@ use std::collections::BTreeMap;
 use http::Method;
 
 use super::Issues;
+use crate::config::reach::{Probe, Reach, UNNAMED, enforces, unsafe_methods};
 use crate::config::{Config, RouteConfig};
-use crate::policy::Mode;
-use crate::router::{RouteSpec, Router};
-
-/// One sample host, and how a warning names the hosts it stands for.
-struct Probe {
-    /// `None`: a host no route names (or none at all).
-    host: Option<String>,
-    named: String,
-}
-
-/// How a warning names the hosts no route names.
-const UNNAMED: &str = "any host no route names";
 
 /// How a request escapes the keyed route.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -68,25 +51,17 @@ pub(super) fn warnings(config: &Config, out: &mut Issues) {
     if !routes.iter().any(enforces) {
         return;
     }
-    let specs = routes.iter().enumerate().map(|(i, r)| RouteSpec {
-        name: &r.name,
-        hosts: &r.hosts,
-        pattern: &r.path,
-        methods: r.methods.as_deref(),
-        value: i,
-    });
     // `build` refused a table that does not compile: nothing to say here.
-    let Ok(router) = Router::new(specs) else { return };
-    let probes = probes(routes);
+    let Some(reach) = Reach::new(routes) else { return };
+    let probes = reach.probes();
     let methods = unsafe_methods(routes);
-    let segment = sample_segment(routes);
     let mut found: BTreeMap<(usize, usize, Split), Escape> = BTreeMap::new();
     for (k, keyed) in routes.iter().enumerate().filter(|(_, r)| enforces(r)) {
-        let path = sample_path(&keyed.path, &segment);
+        let path = reach.sample(&keyed.path);
         for method in &methods {
             let takes = keyed.methods.as_ref().is_none_or(|ms| ms.contains(method));
             for probe in &probes {
-                let Some(&r) = router.find(probe.host.as_deref(), method, &path) else { continue };
+                let Some(r) = reach.find(probe.host.as_deref(), method, &path) else { continue };
                 let other = &routes[r];
                 if r == k || other.idempotency.is_some() {
                     continue;
@@ -124,59 +99,9 @@ pub(super) fn warnings(config: &Config, out: &mut Issues) {
     }
 }
 
-/// A route that claims, replays and refuses: one with `[routes.idempotency]` that does not
-/// only observe.
-fn enforces(route: &RouteConfig) -> bool {
-    route.idempotency.as_ref().is_some_and(|p| p.mode == Mode::Enforce)
-}
-
 /// Whether `route` serves the hosts `probe` stands for.
 fn serves(route: &RouteConfig, probe: &Probe) -> bool {
     route.hosts.is_empty() || probe.host.as_deref().is_some_and(|h| route.hosts.iter().any(|p| p.matches(h)))
-}
-
-/// The sample hosts: each exact host, each wildcard's own text, then a host no route names.
-fn probes(routes: &[RouteConfig]) -> Vec<Probe> {
-    let mut out: Vec<Probe> = Vec::new();
-    for pattern in routes.iter().flat_map(|r| &r.hosts) {
-        let host = pattern.to_string();
-        if out.iter().any(|p| p.host.as_ref() == Some(&host)) {
-            continue;
-        }
-        let named = if pattern.is_wildcard() { format!("names under {host}") } else { host.clone() };
-        out.push(Probe { host: Some(host), named });
-    }
-    out.push(Probe { host: None, named: UNNAMED.into() });
-    out
-}
-
-/// POST, PUT, PATCH, DELETE, then every other unsafe method a route names.
-fn unsafe_methods(routes: &[RouteConfig]) -> Vec<Method> {
-    let safe = [Method::GET, Method::HEAD, Method::OPTIONS, Method::TRACE];
-    let mut out = vec![Method::POST, Method::PUT, Method::PATCH, Method::DELETE];
-    for method in routes.iter().flat_map(|r| r.methods.iter().flatten()) {
-        if !safe.contains(method) && !out.contains(method) {
-            out.push(method.clone());
-        }
-    }
-    out
-}
-
-/// A path segment no pattern names literally (`~`, else `~~`, ...): a sample of a parameter
-/// that no route for that literal can take.
-fn sample_segment(routes: &[RouteConfig]) -> String {
-    let literal = |s: &str| routes.iter().any(|r| r.path.split('/').any(|segment| segment == s));
-    let mut segment = String::from("~");
-    while literal(&segment) {
-        segment.push('~');
-    }
-    segment
-}
-
-/// `pattern` with `segment` in each parameter (`/orders/{id}` → `/orders/~`).
-fn sample_path(pattern: &str, segment: &str) -> String {
-    let parts: Vec<&str> = pattern.split('/').map(|s| if s.starts_with('{') { segment } else { s }).collect();
-    parts.join("/")
 }
 
 /// `a`, `a and b`, `a, b and c`.
@@ -256,9 +181,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn samples_fill_every_parameter_with_a_segment_no_pattern_names() {
-        assert_eq!(sample_path("/orders/{id}/items/{*rest}", "~"), "/orders/~/items/~");
-        assert_eq!(sample_path("/", "~"), "/");
+    fn lists_read_as_sentences() {
         assert_eq!(listed::<&str>(&[]), "");
         assert_eq!(listed(&["a"]), "a");
         assert_eq!(listed(&["a", "b", "c"]), "a, b and c");
@@ -288,7 +211,7 @@ mod tests {
                        path = \"/orders/~\"\nupstream = \"app\"\n";
         let rest = "[[routes]]\nname = \"rest\"\npath = \"/{*rest}\"\nupstream = \"app\"\n";
         let config = config(&format!("{KEYED}{literal}{rest}"));
-        assert_eq!(sample_segment(&config.routes), "~~");
+        assert_eq!(Reach::new(&config.routes).map(|r| r.sample("/{id}")), Some("/~~".to_owned()));
         // `/orders/~` on api.example.com is the literal route's, by design; other hosts fall through.
         let found = unprotected(&format!("{KEYED}{literal}{rest}"));
         assert_eq!(found.len(), 1, "{found:#?}");
