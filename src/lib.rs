@@ -58,6 +58,7 @@
 pub mod config;
 pub mod descriptors;
 pub mod log_writer;
+pub mod openapi;
 pub mod operator;
 pub mod outbound;
 pub mod policy;

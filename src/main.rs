@@ -18,6 +18,8 @@ use tracing_subscriber::fmt::writer::BoxMakeWriter;
 
 #[path = "cli/keys/mod.rs"]
 mod keys;
+#[path = "cli/openapi/mod.rs"]
+mod openapi;
 #[path = "cli/report/mod.rs"]
 mod report;
 
@@ -70,6 +72,14 @@ struct CheckArgs {
     /// With --running: print that comparison as JSON on stdout.
     #[arg(long, requires = "running")]
     json: bool,
+    /// The API's OpenAPI document: also say which of its unsafe operations no route
+    /// enforcing idempotency covers, which keyed routes match none of its operations, and
+    /// where a route reads the declared Idempotency-Key otherwise.
+    #[arg(long, value_name = "FILE", conflicts_with = "running")]
+    openapi: Option<PathBuf>,
+    /// With --openapi: the methods counted as unsafe.
+    #[arg(long, value_name = "METHODS", requires = "openapi", value_delimiter = ',', default_value = "POST,PATCH")]
+    unsafe_methods: Vec<String>,
 }
 
 #[derive(Subcommand)]
@@ -82,6 +92,10 @@ enum Command {
     Keys(keys::KeysArgs),
     /// What enforcement would change, per route, from running gateways' counters.
     Report(report::ReportArgs),
+    /// Print [[routes]] for the operations of an OpenAPI document, or merge them into a file.
+    Routes(openapi::RoutesArgs),
+    /// Write the gateway's contract into the API's OpenAPI document, or as an Overlay.
+    Openapi(openapi::OpenapiArgs),
 }
 
 /// The configuration file when none is named.
@@ -96,7 +110,12 @@ fn main() -> ExitCode {
             if cli.log_format.is_some() {
                 refuse("check", "prints what it finds and logs nothing: --log-format is for serving");
             }
-            check(&file(args.config), args.running.as_deref(), args.json)
+            let methods = match openapi::methods(&args.unsafe_methods) {
+                Ok(methods) => methods,
+                Err(why) => refuse("check", &why),
+            };
+            let openapi = args.openapi.as_deref().map(|spec| (spec, methods.as_slice()));
+            check(&file(args.config), args.running.as_deref(), args.json, openapi)
         }
         Some(Command::Policy(args)) => {
             if cli.log_format.is_some() {
@@ -130,6 +149,16 @@ fn main() -> ExitCode {
                 refuse("report", "reads the gateways' counters, no configuration file, and logs nothing");
             }
             report::run(args)
+        }
+        Some(Command::Routes(_)) if cli.config.is_some() || cli.log_format.is_some() => {
+            refuse("routes", "takes its file after it (--config), and logs nothing")
+        }
+        Some(Command::Routes(args)) => openapi::routes(args),
+        Some(Command::Openapi(args)) => {
+            if cli.log_format.is_some() {
+                refuse("openapi", "prints a document and logs nothing: --log-format is for serving");
+            }
+            openapi::contract(args, file(None))
         }
         None => serve(&file(None), cli.log_format),
     }
@@ -170,7 +199,12 @@ fn init_logging(format: LogFormat) {
     }
 }
 
-fn check(path: &std::path::Path, running: Option<&std::path::Path>, json: bool) -> ExitCode {
+fn check(
+    path: &std::path::Path,
+    running: Option<&std::path::Path>,
+    json: bool,
+    openapi: Option<(&std::path::Path, &[http::Method])>,
+) -> ExitCode {
     let config = match Config::load(path) {
         Ok(c) => c,
         Err(e) => {
@@ -221,7 +255,10 @@ fn check(path: &std::path::Path, running: Option<&std::path::Path>, json: bool) 
         idempotent,
         config.upstreams.len()
     );
-    ExitCode::SUCCESS
+    match openapi {
+        Some((spec, methods)) => openapi::coverage(&config, spec, methods),
+        None => ExitCode::SUCCESS,
+    }
 }
 
 /// With `[store] replica_acks`, asks the store how many replicas it has and how many

@@ -30,6 +30,7 @@ mod kubernetes;
 mod listener_tls;
 mod observability;
 mod observe;
+mod openapi;
 mod reconcile;
 mod redis_tls;
 mod redis_tls_topologies;
