@@ -290,7 +290,7 @@ pub fn not_stored(route: &RouteConfig) -> Option<(&'static str, Node)> {
 }
 
 /// `Idempotency-Key` as it is usually written (HeaderName keeps names in lower case).
-fn header_name(name: &HeaderName) -> String {
+pub fn header_name(name: &HeaderName) -> String {
     name.as_str()
         .split('-')
         .map(|part| {

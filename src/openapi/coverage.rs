@@ -6,6 +6,7 @@
 
 use http::Method;
 
+use super::contract::header_name;
 use super::operations::Operation;
 use crate::config::RouteConfig;
 use crate::config::reach::{Reach, enforces, unsafe_methods};
@@ -76,14 +77,17 @@ fn declared(route: &RouteConfig, op: &Operation, findings: &mut Vec<String>) {
         None if policy.required => findings.push(format!(
             "{at} requires {} (400 without it), which the document does not declare for {} {}: clients built from \
              the document send none",
-            policy.header, op.method, op.pattern
+            header_name(&policy.header),
+            op.method,
+            op.pattern
         )),
         None => {}
         Some(key) => {
             if !key.header.eq_ignore_ascii_case(policy.header.as_str()) {
                 findings.push(format!(
                     "{at} reads the key from {}, the document declares it as {}: the route's `header`",
-                    policy.header, key.header
+                    header_name(&policy.header),
+                    key.header
                 ));
             }
             if key.required && !policy.required {
@@ -104,8 +108,13 @@ fn declared(route: &RouteConfig, op: &Operation, findings: &mut Vec<String>) {
 
 /// Every keyed route whose path and methods match no operation of the document.
 fn unmatched(routes: &[RouteConfig], operations: &[Operation], findings: &mut Vec<String>) {
-    let methods: Vec<[Method; 1]> = operations.iter().map(|op| [op.method.clone()]).collect();
-    let specs = operations.iter().zip(&methods).enumerate().map(|(i, (op, m))| RouteSpec {
+    // One entry per method and pattern: operations the router cannot tell apart (`/a/{x}`
+    // and `/a/{x}.json`, routed whole) are one for this question.
+    let mut seen = std::collections::HashSet::new();
+    let distinct: Vec<&Operation> =
+        operations.iter().filter(|op| seen.insert((op.method.clone(), op.pattern.clone()))).collect();
+    let methods: Vec<[Method; 1]> = distinct.iter().map(|op| [op.method.clone()]).collect();
+    let specs = distinct.iter().zip(&methods).enumerate().map(|(i, (op, m))| RouteSpec {
         name: op.operation_id.as_deref().unwrap_or(&op.place),
         hosts: &[],
         pattern: &op.pattern,

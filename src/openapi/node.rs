@@ -170,6 +170,15 @@ impl<'de> Visitor<'de> for NodeVisitor {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Node, A::Error> {
         let mut members = IndexMap::new();
         while let Some(Key(key)) = map.next_key()? {
+            // The crate's serde_json keeps numbers as written (`arbitrary_precision`) and hands
+            // a number that is not an integer to a visitor as this one-member map.
+            if members.is_empty() && key == NUMBER_TOKEN {
+                let text: String = map.next_value()?;
+                return text
+                    .parse::<f64>()
+                    .map(Node::Float)
+                    .map_err(|_| de::Error::custom(format!("{text:?} is not a number")));
+            }
             let value = map.next_value()?;
             // A key written twice: YAML and JSON leave it undefined; refused, not guessed.
             if members.insert(key.clone(), value).is_some() {
@@ -179,6 +188,9 @@ impl<'de> Visitor<'de> for NodeVisitor {
         Ok(Node::Object(members))
     }
 }
+
+/// The key under which serde_json with `arbitrary_precision` passes a number as a map.
+const NUMBER_TOKEN: &str = "$serde_json::private::Number";
 
 /// A mapping's key: YAML writes response codes as numbers (`200:`), OpenAPI reads them as text.
 struct Key(String);
@@ -234,5 +246,22 @@ impl Serialize for Node {
                 map.end()
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numbers_read_from_json_stay_numbers() {
+        let node: Node = serde_json::from_str(r#"{"a": 1.5, "b": -2, "c": 18446744073709551615, "d": 1e3}"#).unwrap();
+        assert_eq!(node.get("a"), Some(&Node::Float(1.5)));
+        assert_eq!(node.get("b"), Some(&Node::Int(-2)));
+        assert_eq!(node.get("c"), Some(&Node::Float(18446744073709551615.0)));
+        assert_eq!(serde_json::to_string(&node).unwrap(), r#"{"a":1.5,"b":-2,"c":1.8446744073709552e+19,"d":1000.0}"#);
+        let yaml: Node = serde_saphyr::from_str("a: 1.5\n200: x\n").unwrap();
+        assert_eq!(yaml.get("a"), Some(&Node::Float(1.5)));
+        assert!(yaml.get("200").is_some(), "a numeric key is read as text");
     }
 }

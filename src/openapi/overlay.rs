@@ -117,6 +117,7 @@ pub fn skeleton(targets: &[Target<'_>]) -> Node {
 
 /// Writes the contract of every target into `root`; `original` resolves its references.
 pub fn merge(root: &mut Node, original: &Document, targets: &[Target<'_>], base: &str, notes: &mut Vec<String>) {
+    let mut shaped_otherwise = Vec::new();
     for target in targets {
         let at = format!("paths.{}.{}", target.path, target.method);
         let Some(operation) = operation_mut(root, &target.path, &target.method) else {
@@ -180,14 +181,19 @@ pub fn merge(root: &mut Node, original: &Document, targets: &[Target<'_>], base:
             }
         }
         if !described.is_empty() {
-            notes.push(format!(
-                "{at}: the API describes its own answers for {} in another shape than the gateway's; a client \
-                 generated from the document reads the gateway's answers there in the API's shape: give route {:?} \
-                 the API's error shape ([errors], docs/errors.md)",
-                described.join(", "),
-                target.route.name
-            ));
+            shaped_otherwise.push(format!("{at} ({})", described.join(", ")));
         }
+    }
+    if !shaped_otherwise.is_empty() {
+        let more = shaped_otherwise.len().saturating_sub(3);
+        shaped_otherwise.truncate(3);
+        let more = if more > 0 { format!(" and {more} more") } else { String::new() };
+        notes.push(format!(
+            "the API describes its own answers, in another shape than the gateway's, for statuses the gateway also \
+             gives at {}{more}: a client generated from the document reads the gateway's answers there in the \
+             API's shape; give those routes the API's error shape ([errors], docs/errors.md)",
+            shaped_otherwise.join(", ")
+        ));
     }
     if targets.is_empty() {
         return;
