@@ -268,6 +268,54 @@ fn show_prints_an_absent_key_as_an_answer_and_json_for_scripts() {
     assert_eq!(run.json(), completed());
 }
 
+/// An absent key looked up without a caller, on a route that keeps keys per caller: the hint
+/// names the variables that send that route's scope, from `GET /routes`.
+#[test]
+fn an_absent_key_without_a_caller_names_the_variables_of_the_routes_scope() {
+    let routes = |scope: Value| json!([{ "name": "orders", "idempotency": { "scope": scope, "on_missing_scope": "anonymous" } }]);
+    let per_caller = routes(json!(["header:x-tenant", "cookie:session", "cookie:csrf?"]));
+    let admin = FakeAdmin::start(move |request| match request.path() {
+        "/routes" => ok(per_caller.clone()),
+        _ => Canned(404, "application/json", json!({ "state": "absent" }).to_string()),
+    });
+    let args = ["show", "--admin", &admin.url, "--route", "orders", "--key", "k1"];
+    let run = keys(&args, &[WITH_TOKEN], None);
+    assert_eq!(run.code, Some(0), "{run:?}");
+    assert!(run.stdout.contains("absent"), "{run:?}");
+    assert!(run.stderr.contains("keeps keys per caller (header:x-tenant, cookie:session, cookie:csrf?)"), "{run:?}");
+    assert!(run.stderr.contains("(IDEMGATE_SCOPE_X_TENANT and IDEMGATE_SCOPE_COOKIE, --scope-stdin"), "{run:?}");
+    assert!(!run.stderr.contains("<NAME>"), "{run:?}");
+
+    // Keys shared by every caller: absent is the whole answer.
+    let global = routes(json!([]));
+    let admin = FakeAdmin::start(move |request| match request.path() {
+        "/routes" => ok(global.clone()),
+        _ => Canned(404, "application/json", json!({ "state": "absent" }).to_string()),
+    });
+    let run = keys(&["show", "--admin", &admin.url, "--route", "orders", "--key", "k1"], &[WITH_TOKEN], None);
+    assert_eq!((run.code, run.stderr.as_str()), (Some(0), ""), "{run:?}");
+}
+
+/// Every field of a record is printed with a label for people, durations made readable.
+#[test]
+fn show_labels_every_field_for_people() {
+    let record = json!({
+        "state": "unknown", "attempt": 2, "expires_in_ms": 3_600_000, "lookup_in_flight": true,
+        "lookup_left_ms": 4_000, "not_found_trusted_in_ms": 90_000,
+    });
+    let admin = FakeAdmin::start(move |_| ok(record.clone()));
+    let run = keys(
+        &["show", "--admin", &admin.url, "--route", "orders", "--key", "k1"],
+        &[WITH_TOKEN, ("IDEMGATE_SCOPE_AUTHORIZATION", "Bearer alice")],
+        None,
+    );
+    assert_eq!(run.code, Some(0), "{run:?}");
+    for line in ["lookup left           4s\n", "not found trusted in  1m30s\n", "expires in            1h\n"] {
+        assert!(run.stdout.contains(line), "{line:?} missing: {run:?}");
+    }
+    assert!(!run.stdout.contains("_ms"), "{run:?}");
+}
+
 #[test]
 fn scope_stdin_lines_become_scope_headers_next_to_the_variables() {
     let admin = FakeAdmin::start(|_| ok(json!({ "released": true, "was": "unknown" })));

@@ -298,14 +298,17 @@ fn per_caller(route: &IdempotentRoute) -> String {
     let mut headers: Vec<String> = sources.iter().map(|s| s.header().to_string()).collect();
     headers.dedup();
     let sent: Vec<String> = headers.iter().map(|h| format!("Scope-{h}")).collect();
+    let vars: Vec<String> = headers.iter().map(|h| wire::scope_variable(h.as_str())).collect();
+    let (header_s, variable_s) = if headers.len() == 1 { ("header", "variable") } else { ("headers", "variables") };
     format!(
         "Route {:?} keeps keys per caller (scope: {}): a key has no record without its caller. Send the \
-         caller's {} header(s) as {}, or give scope_hash (idemgate keys: IDEMGATE_SCOPE_<NAME> variables, \
+         caller's {} {header_s} as {}, or give scope_hash (idemgate keys: the {} {variable_s}, \
          --scope-stdin, or --scope-hash).",
         route.name,
         named.join(", "),
         headers.join(", "),
-        sent.join(", ")
+        sent.join(", "),
+        vars.join(" and ")
     )
 }
 

@@ -9,6 +9,12 @@ use crate::store::{Entry, EntryState, State};
 /// document `{"state": "absent"}`.
 pub const ABSENT: &str = "absent";
 
+/// The environment variable `idemgate keys` sends as the caller's `header` (as `Scope-<header>`):
+/// `IDEMGATE_SCOPE_` and the name in capitals, `-` as `_` (`x-tenant`: `IDEMGATE_SCOPE_X_TENANT`).
+pub fn scope_variable(header: &str) -> String {
+    format!("IDEMGATE_SCOPE_{}", header.to_ascii_uppercase().replace('-', "_"))
+}
+
 /// `GET /keys?route=R&key=K`: one record, with what its state holds.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Record {

@@ -173,6 +173,27 @@ async fn fetch_records(client: &AdminClient, args: &ListArgs) -> Result<Listing,
     }
 }
 
+/// The route's scope as `GET /routes` gives it (`header:authorization`) and the
+/// `IDEMGATE_SCOPE_*` variables that send it (none for keys shared by every caller); `None`
+/// when the listener cannot tell.
+async fn scope_variables(client: &AdminClient, route: &str) -> Option<(String, Vec<String>)> {
+    let routes = client.get("/routes").await.ok()?.document().ok()?;
+    let route = routes.as_array()?.iter().find(|r| r.get("name").and_then(Value::as_str) == Some(route))?;
+    let sources: Vec<&str> =
+        route.get("idempotency")?.get("scope")?.as_array()?.iter().filter_map(Value::as_str).collect();
+    let mut vars: Vec<String> = sources
+        .iter()
+        .filter_map(|source| match source.trim_end_matches('?').split_once(':')? {
+            ("header", name) => Some(wire::scope_variable(name)),
+            ("cookie", _) => Some(wire::scope_variable("cookie")),
+            _ => None,
+        })
+        .map(|var| printable(&var))
+        .collect();
+    vars.dedup();
+    Some((printable(&sources.join(", ")), vars))
+}
+
 async fn show(client: &AdminClient, args: &TargetArgs, scope: &CallerScope) -> Result<(), Failure> {
     let answer = client.call(Method::GET, &target_query(&args.route, &args.key, scope), scope, None).await?;
     // 404 with {"state": "absent"} is an answer, not an error: there is no record of the key.
@@ -180,11 +201,21 @@ async fn show(client: &AdminClient, args: &TargetArgs, scope: &CallerScope) -> R
         if scope.headers.is_empty() && scope.hash.is_none() {
             // The anonymous caller's key, on a route that admits callers without a scope: the
             // key may well be another caller's.
-            eprintln!(
-                "idemgate keys: no record for this key without a caller's scope; if route {} keeps keys per \
-                 caller, pass the caller's scope (IDEMGATE_SCOPE_<NAME>, --scope-stdin or --scope-hash)",
-                printable(&args.route)
-            );
+            match scope_variables(client, &args.route).await {
+                Some((sources, vars)) if !vars.is_empty() => eprintln!(
+                    "idemgate keys: no record for this key without a caller's scope; route {} keeps keys per \
+                     caller ({sources}): pass the caller's scope ({}, --scope-stdin or --scope-hash)",
+                    printable(&args.route),
+                    vars.join(" and ")
+                ),
+                // Keys shared by every caller: absent is absent.
+                Some(_) => {}
+                None => eprintln!(
+                    "idemgate keys: no record for this key without a caller's scope; if route {} keeps keys per \
+                     caller, pass the caller's scope (IDEMGATE_SCOPE_<NAME>, --scope-stdin or --scope-hash)",
+                    printable(&args.route)
+                ),
+            }
         }
         serde_json::json!({ "state": wire::ABSENT })
     } else {

@@ -53,19 +53,26 @@ pub(super) fn record_details(route: &str, key: &str, doc: &Value) -> String {
         ("lease_left_ms", "lease left"),
         ("expires_in_ms", "expires in"),
         ("lookup_in_flight", "lookup in flight"),
+        ("lookup_left_ms", "lookup left"),
+        ("not_found_trusted_in_ms", "not found trusted in"),
     ];
-    for (name, label) in known {
+    let rest = fields.keys().filter(|name| !known.iter().any(|(k, _)| k == name));
+    let labelled = known.iter().map(|(name, label)| (*name, (*label).to_owned()));
+    for (name, label) in labelled.chain(rest.map(|name| (name.as_str(), label_for(name)))) {
         let Some(value) = fields.get(name) else { continue };
         let text = match value.as_u64() {
             Some(ms) if name.ends_with("_ms") => human_duration(ms),
             _ => json_text(value),
         };
-        rows.push(vec![label.to_owned(), text]);
-    }
-    for (name, value) in fields.iter().filter(|(name, _)| !known.iter().any(|(k, _)| k == name)) {
-        rows.push(vec![printable(name), json_text(value)]);
+        rows.push(vec![label, text]);
     }
     table(&[], &rows)
+}
+
+/// A field the list above does not know yet, labelled as the others are: `retry_after_ms` is
+/// "retry after" (its value a duration).
+fn label_for(name: &str) -> String {
+    printable(name.strip_suffix("_ms").unwrap_or(name)).replace('_', " ")
 }
 
 /// Columns padded to their widest cell, two spaces apart; no header row when `header` is empty.
@@ -153,5 +160,18 @@ mod tests {
         assert_eq!(human_duration(192_000), "3m12s");
         assert_eq!(human_duration(3_600_000), "1h");
         assert_eq!(human_duration(90_061_000), "1d1h");
+    }
+
+    #[test]
+    fn every_field_has_a_label_for_people() {
+        let doc = serde_json::json!({
+            "state": "unknown", "attempt": 1, "expires_in_ms": 60_000, "lookup_in_flight": true,
+            "lookup_left_ms": 2_000, "not_found_trusted_in_ms": 0, "retry_after_ms": 1_500,
+        });
+        let text = record_details("r", "k", &doc);
+        assert!(text.contains("lookup left           2s\n"), "{text}");
+        assert!(text.contains("not found trusted in  0ms\n"), "{text}");
+        assert!(text.contains("retry after           1s\n"), "{text}");
+        assert!(!text.contains('_'), "{text}");
     }
 }
