@@ -92,7 +92,7 @@ fn unknown_keys_are_errors_naming_file_key_and_line() {
     let text = MINIMAL.replace("[routes.idempotency]", "[routes.idempotency]\nleas = \"5s\"");
     let err = Config::from_toml(&text, "gw.toml").unwrap_err();
     let msg = err.to_string();
-    assert!(msg.starts_with("gw.toml:18: routes[0].idempotency.leas: unknown key"), "{msg}");
+    assert!(msg.starts_with("gw.toml:18: routes[0] (\"create\").idempotency.leas: unknown key"), "{msg}");
 }
 
 #[test]
@@ -120,9 +120,9 @@ fn check_reports_every_problem_at_once_each_with_its_line() {
     let msg = Config::from_toml(&text, "gw.toml").unwrap_err().to_string();
     for line in [
         "gw.toml: 3 problems",
-        "gw.toml:14: routes[0].path: invalid path pattern \"/pay/{id\": segment \"{id\"",
-        "gw.toml:18: routes[0].idempotency.leas: unknown key",
-        "gw.toml:19: routes[0].idempotency.max_key_len: must be between 1 and",
+        "gw.toml:14: routes[0] (\"create\").path: invalid path pattern \"/pay/{id\": segment \"{id\"",
+        "gw.toml:18: routes[0] (\"create\").idempotency.leas: unknown key",
+        "gw.toml:19: routes[0] (\"create\").idempotency.max_key_len: must be between 1 and",
     ] {
         assert!(msg.contains(line), "missing {line:?} in\n{msg}");
     }
@@ -132,11 +132,11 @@ fn check_reports_every_problem_at_once_each_with_its_line() {
 fn wrongly_typed_values_name_their_key() {
     let text = MINIMAL.replace("[routes.idempotency]", "[routes.idempotency]\nlease = 30");
     let msg = Config::from_toml(&text, "gw.toml").unwrap_err().to_string();
-    assert!(msg.contains("routes[0].idempotency.lease") && msg.contains("duration"), "{msg}");
+    assert!(msg.contains("routes[0] (\"create\").idempotency.lease") && msg.contains("duration"), "{msg}");
     let text = MINIMAL.replace("[routes.idempotency]", "[routes.idempotency]\nmax_request_body = \"a lot\"");
     let msg = Config::from_toml(&text, "gw.toml").unwrap_err().to_string();
     assert!(
-        msg.contains("routes[0].idempotency.max_request_body")
+        msg.contains("routes[0] (\"create\").idempotency.max_request_body")
             && msg.contains("is not a size: expected a size such as 64KiB or 1MiB"),
         "{msg}"
     );
@@ -507,10 +507,10 @@ fn check_finds_every_problem_of_a_file_in_one_run() {
     );
     assert!(!ok);
     for line in [
-        "gw.toml:15: routes[0].upstream: \"nowhere\" is not defined under [upstreams]",
-        "gw.toml:18: routes[0].idempotency.leas: unknown key",
-        "gw.toml:19: routes[0].idempotency.lease: \"ten\" is not a duration",
-        "gw.toml:20: routes[0].idempotency.wait: \"soon\" is not a duration",
+        "gw.toml:15: routes[0] (\"create\").upstream: \"nowhere\" is not defined under [upstreams]",
+        "gw.toml:18: routes[0] (\"create\").idempotency.leas: unknown key",
+        "gw.toml:19: routes[0] (\"create\").idempotency.lease: \"ten\" is not a duration",
+        "gw.toml:20: routes[0] (\"create\").idempotency.wait: \"soon\" is not a duration",
     ] {
         assert!(stderr.contains(line), "missing {line:?} in\n{stderr}");
     }
@@ -530,8 +530,8 @@ fn check_names_wrong_types_in_the_file_s_words() {
     for line in [
         "store.connections: expected a whole number such as 1, not the string \"one\"",
         "server.max_connections: the number -5 is out of range: expected a whole number such as 1",
-        "routes[0].methods: expected a list such as [\"a\", \"b\"], not the string \"POST\"",
-        "routes[0].idempotency.renew: expected true or false, not the string \"yes\"",
+        "routes[0] (\"create\").methods: expected a list such as [\"a\", \"b\"], not the string \"POST\"",
+        "routes[0] (\"create\").idempotency.renew: expected true or false, not the string \"yes\"",
     ] {
         assert!(stderr.contains(line), "missing {line:?} in\n{stderr}");
     }
@@ -548,7 +548,7 @@ fn check_warns_about_a_grace_period_longer_than_a_lease() {
     let (ok, _, stderr) = check(&text);
     assert!(ok, "{stderr}");
     assert!(
-        stderr.contains("warning: server.shutdown_grace: 20s is longer than routes[0].idempotency.lease (10s)"),
+        stderr.contains("warning: server.shutdown_grace: 20s is longer than routes[0] (\"create\").idempotency.lease (10s)"),
         "{stderr}"
     );
 }
@@ -567,7 +567,7 @@ fn check_command_rejects_an_invalid_file_naming_file_key_and_reason() {
     assert!(!ok);
     assert!(
         stderr.contains("gw.toml")
-            && stderr.contains("routes[0].idempotency.wait")
+            && stderr.contains("routes[0] (\"create\").idempotency.wait")
             && stderr.contains("expected a duration such as 5s or 250ms"),
         "{stderr}"
     );
@@ -578,7 +578,7 @@ fn check_command_rejects_an_invalid_file_naming_file_key_and_reason() {
             .replace("[routes.idempotency]", "[routes.idempotency]\nscope = \"everyone\""),
     );
     assert!(!ok);
-    assert!(stderr.contains("routes[0].idempotency.scope"), "{stderr}");
+    assert!(stderr.contains("routes[0] (\"create\").idempotency.scope"), "{stderr}");
 }
 
 #[test]
@@ -590,7 +590,7 @@ fn check_warns_about_leases_that_undermine_the_guarantee_but_accepts_them() {
     assert!(ok, "warnings do not fail the check: {stderr}");
     assert!(stdout.contains("ok"), "{stdout}");
     assert!(
-        stderr.contains("gw.toml:19: warning: routes[0].idempotency.lease: 2s is shorter than upstreams.app.timeout (30s) and renew = false"),
+        stderr.contains("gw.toml:19: warning: routes[0] (\"create\").idempotency.lease: 2s is shorter than upstreams.app.timeout (30s) and renew = false"),
         "{stderr}"
     );
     assert!(stderr.contains("is less than 3 × store.timeout (1s)"), "{stderr}");
@@ -601,7 +601,7 @@ fn check_warns_about_leases_that_undermine_the_guarantee_but_accepts_them() {
         stderr.lines().filter(|l| l.contains("warning") && !l.contains("file descriptors")).collect();
     assert!(ok && warnings.len() == 1, "{stderr}");
     assert!(
-        warnings[0].contains("routes[0].idempotency: holds unknown outcomes without [routes.idempotency.reconcile]")
+        warnings[0].contains("routes[0] (\"create\").idempotency: holds unknown outcomes without [routes.idempotency.reconcile]")
     );
 }
 
@@ -730,7 +730,7 @@ fn mode_is_enforce_or_observe_and_observing_without_an_admin_listener_is_warned_
     let (ok, _, stderr) = check(&observing);
     assert!(ok, "{stderr}");
     assert!(
-        stderr.contains("warning: routes[0].idempotency.mode: \"observe\" counts what enforcing would do"),
+        stderr.contains("warning: routes[0] (\"create\").idempotency.mode: \"observe\" counts what enforcing would do"),
         "{stderr}"
     );
     let with_admin = observing
@@ -843,7 +843,7 @@ fn check_names_what_a_host_split_leaves_unprotected() {
     let (ok, stdout, stderr) = check(&split);
     assert!(ok && stdout.contains("ok"), "a warning, not an error: {stderr}");
     let line = stderr.lines().find(|l| l.contains("does not enforce")).unwrap_or_else(|| panic!("{stderr}"));
-    assert!(line.contains("gw.toml:") && line.contains("warning: routes[0].hosts: "), "{line}");
+    assert!(line.contains("gw.toml:") && line.contains("warning: routes[0] (\"create\").hosts: "), "{line}");
     for part in [
         "route \"create\" enforces idempotency on POST /orders for api.example.com only",
         "POST /orders for any host no route names goes to route \"rest\", which does not enforce it",

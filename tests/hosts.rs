@@ -144,7 +144,8 @@ async fn a_host_the_idempotent_routes_do_not_list_runs_unprotected_and_the_confi
 
     let config = idemgate::config::Config::from_toml(&toml, "gw.toml").unwrap_or_else(|e| panic!("{e}"));
     let lines = config.warning_lines("gw.toml");
-    for (key, keyed) in [("routes[1].hosts", "tenants"), ("routes[2].hosts", "api")] {
+    // Each route named as people know it, beside its place in the file.
+    for (key, keyed) in [("routes[1] (\"tenants\").hosts", "tenants"), ("routes[2] (\"api\").hosts", "api")] {
         let warned = lines.iter().find(|l| l.contains(&format!("warning: {key}: route \"{keyed}\" enforces")));
         let warned = warned.unwrap_or_else(|| panic!("no warning for {keyed}: {lines:#?}"));
         assert!(

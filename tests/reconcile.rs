@@ -840,7 +840,7 @@ fn reconcile_is_refused_where_nothing_is_held_and_checked_everywhere() {
     )
     .unwrap_err()
     .to_string();
-    assert!(refused.contains("routes[0].idempotency.reconcile"), "{refused}");
+    assert!(refused.contains("routes[0] (\"orders\").idempotency.reconcile"), "{refused}");
     for (policy, expected) in [
         ("[routes.idempotency.reconcile]\nmethod = \"GET\"", "reconcile.path: is required"),
         ("[routes.idempotency.reconcile]\npath = \"/l/{id}\"", "the only placeholder is {key}"),

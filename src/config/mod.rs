@@ -305,6 +305,19 @@ pub struct Issue {
     pub reason: String,
     /// 1-based line of the key (or of its table, when the key is missing).
     pub line: Option<usize>,
+    /// The name the file gives the route the key is in, if it is in one.
+    pub route: Option<String>,
+}
+
+impl Issue {
+    /// The key as people read it: a route's by its name as well as its place,
+    /// `routes[0] ("create-order").hosts`.
+    pub fn shown_key(&self) -> String {
+        match (&self.route, self.key.strip_prefix("routes[").and_then(|rest| rest.split_once(']'))) {
+            (Some(name), Some((index, rest))) => format!("routes[{index}] ({name:?}){rest}"),
+            _ => self.key.clone(),
+        }
+    }
 }
 
 /// Issues printed one per line, compiler style: `FILE:LINE: KEY: REASON`.
@@ -316,8 +329,8 @@ struct Problems<'a> {
 impl fmt::Display for Problems<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let one = |f: &mut fmt::Formatter<'_>, issue: &Issue| match issue.line {
-            Some(line) => write!(f, "{}:{line}: {}: {}", self.file, issue.key, issue.reason),
-            None => write!(f, "{}: {}: {}", self.file, issue.key, issue.reason),
+            Some(line) => write!(f, "{}:{line}: {}: {}", self.file, issue.shown_key(), issue.reason),
+            None => write!(f, "{}: {}: {}", self.file, issue.shown_key(), issue.reason),
         };
         match self.issues {
             [issue] => one(f, issue),
@@ -360,17 +373,16 @@ impl Config {
             position: e.position,
         })?;
         let mut issues = read.issues;
+        // Each issue on its line, with the name of its route.
+        let located = |i: Issue| Issue { line: read.lines.line_of(&i.key), route: read.lines.route_of(&i.key), ..i };
         let config = match read.file {
             Some(file) => match validate::build(file, env) {
                 Ok(mut config) => {
-                    config.warnings = validate::warnings(&config)
-                        .into_iter()
-                        .map(|i| Issue { line: read.lines.line_of(&i.key), ..i })
-                        .collect();
+                    config.warnings = validate::warnings(&config).into_iter().map(located).collect();
                     Some(config)
                 }
                 Err(found) => {
-                    issues.extend(found.into_iter().map(|i| Issue { line: read.lines.line_of(&i.key), ..i }));
+                    issues.extend(found.into_iter().map(located));
                     None
                 }
             },
@@ -390,8 +402,8 @@ impl Config {
         self.warnings
             .iter()
             .map(|w| match w.line {
-                Some(line) => format!("{origin}:{line}: warning: {}: {}", w.key, w.reason),
-                None => format!("{origin}: warning: {}: {}", w.key, w.reason),
+                Some(line) => format!("{origin}:{line}: warning: {}: {}", w.shown_key(), w.reason),
+                None => format!("{origin}: warning: {}: {}", w.shown_key(), w.reason),
             })
             .collect()
     }

@@ -17,9 +17,13 @@ use super::file::{ErrorsSection, File, RouteSection, ServerSection, StoreSection
 /// The sections a file may have.
 const SECTIONS: [&str; 6] = ["server", "store", "upstreams", "routes", "errors", "telemetry"];
 
-/// Where each key of a file is, by dotted path (`routes[0].idempotency.lease`).
+/// Where each key of a file is, by dotted path (`routes[0].idempotency.lease`), and the name
+/// the file gives each route (`routes[0]`: `create-order`), which people know it by.
 #[derive(Debug, Default)]
-pub struct Lines(BTreeMap<String, usize>);
+pub struct Lines {
+    at: BTreeMap<String, usize>,
+    routes: Vec<Option<String>>,
+}
 
 impl Lines {
     /// Indexes every key of a parsed file.
@@ -34,7 +38,7 @@ impl Lines {
         for (key, value) in table {
             let path =
                 if prefix.is_empty() { key.get_ref().to_string() } else { format!("{prefix}.{}", key.get_ref()) };
-            self.0.insert(path.clone(), starts.line_of(key.span().start));
+            self.at.insert(path.clone(), starts.line_of(key.span().start));
             self.walk_value(&path, value.get_ref(), starts);
         }
     }
@@ -43,9 +47,12 @@ impl Lines {
         match value {
             DeValue::Table(table) => self.walk_table(path, table, starts),
             DeValue::Array(items) => {
+                if path == "routes" {
+                    self.routes = items.iter().map(|item| route_name(item.get_ref())).collect();
+                }
                 for (i, item) in items.iter().enumerate() {
                     let path = format!("{path}[{i}]");
-                    self.0.entry(path.clone()).or_insert_with(|| starts.line_of(item.span().start));
+                    self.at.entry(path.clone()).or_insert_with(|| starts.line_of(item.span().start));
                     self.walk_value(&path, item.get_ref(), starts);
                 }
             }
@@ -58,13 +65,29 @@ impl Lines {
     pub fn line_of(&self, path: &str) -> Option<usize> {
         let mut path = path;
         loop {
-            if let Some(line) = self.0.get(path) {
+            if let Some(line) = self.at.get(path) {
                 return Some(*line);
             }
             let cut = path.rfind(['.', '['])?;
             path = &path[..cut];
         }
     }
+
+    /// The name of the route `path` is in (`routes[3].hosts`: the fourth route's), when the
+    /// file gives it one.
+    pub fn route_of(&self, path: &str) -> Option<String> {
+        let (index, _) = path.strip_prefix("routes[")?.split_once(']')?;
+        self.routes.get(index.parse::<usize>().ok()?)?.clone()
+    }
+}
+
+/// A `[[routes]]` table's `name`, if it is a string.
+fn route_name(route: &DeValue<'_>) -> Option<String> {
+    let DeValue::Table(table) = route else { return None };
+    table.iter().find(|(key, _)| key.get_ref() == "name").and_then(|(_, value)| match value.get_ref() {
+        DeValue::String(name) => Some(name.to_string()),
+        _ => None,
+    })
 }
 
 /// Byte offsets of line starts, for turning spans into 1-based line numbers.
@@ -137,8 +160,8 @@ struct Reader {
 
 impl Reader {
     fn issue(&mut self, key: String, reason: String) {
-        let line = self.lines.line_of(&key);
-        self.issues.push(Issue { key, reason, line });
+        let (line, route) = (self.lines.line_of(&key), self.lines.route_of(&key));
+        self.issues.push(Issue { key, reason, line, route });
     }
 
     /// Reads one required table.
@@ -299,5 +322,19 @@ mod tests {
         assert_eq!(lines.line_of("routes[0].idempotency.lease"), Some(7));
         assert_eq!(lines.line_of("routes[0].idempotency.wait"), Some(6));
         assert_eq!(lines.line_of("upstreams.x.url"), None);
+    }
+
+    #[test]
+    fn a_key_in_a_route_knows_the_routes_name() {
+        let text =
+            "[[routes]]\nname = \"a\"\n[[routes]]\npath = \"/\"\n[[routes]]\nname = 7\n[[routes]]\nname = \"d\"\n";
+        let table = DeTable::parse(text).unwrap();
+        let lines = Lines::index(text, table.get_ref());
+        assert_eq!(lines.route_of("routes[0].idempotency.lease").as_deref(), Some("a"));
+        assert_eq!(lines.route_of("routes[3]").as_deref(), Some("d"));
+        // No name, a name that is not a string, no such route, not a route.
+        for key in ["routes[1].path", "routes[2].name", "routes[4].path", "server.listen", "routes"] {
+            assert_eq!(lines.route_of(key), None, "{key}");
+        }
     }
 }

@@ -31,7 +31,7 @@ pub(super) struct Issues(Vec<Issue>);
 
 impl Issues {
     pub(super) fn add(&mut self, key: impl Into<String>, reason: impl Into<String>) {
-        self.0.push(Issue { key: key.into(), reason: reason.into(), line: None });
+        self.0.push(Issue { key: key.into(), reason: reason.into(), line: None, route: None });
     }
 
     /// Records the error of `result` under `key` and passes the value on.
@@ -186,10 +186,10 @@ pub(super) fn warnings(config: &Config) -> Vec<Issue> {
             out.add(
                 "server.shutdown_grace",
                 format!(
-                    "{:?} is longer than routes[{i}].idempotency.lease ({:?}): a gateway killed before its grace \
-                     period ends leaves its running requests' keys claimed, to be taken over and run again once \
-                     the lease passes; keep shutdown_grace shorter than the shortest lease",
-                    config.server.shutdown_grace, policy.lease
+                    "{:?} is longer than routes[{i}] ({:?}).idempotency.lease ({:?}): a gateway killed before \
+                     its grace period ends leaves its running requests' keys claimed, to be taken over and run \
+                     again once the lease passes; keep shutdown_grace shorter than the shortest lease",
+                    config.server.shutdown_grace, route.name, policy.lease
                 ),
             );
         }
