@@ -23,8 +23,7 @@ pub(crate) fn order_service_binary() -> Result<PathBuf, String> {
         return Ok(binary);
     }
     // `cargo test --workspace` builds it; a run of this test alone may not have.
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut cmd = Command::new(cargo);
+    let mut cmd = crate::support::cargo();
     cmd.args(["build", "--quiet", "-p", ORDERS_BIN, "--manifest-path"])
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"));
     match profile_dir.file_name().and_then(|n| n.to_str()) {

@@ -20,6 +20,36 @@ pub mod upstream;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+/// `cargo`, for a build started from inside a test, without the variables cargo sets for the
+/// test process (`CARGO_MANIFEST_DIR`, `CARGO_PKG_NAME`, ...). Build scripts watch some of
+/// them (ring's does, with `rerun-if-env-changed`): seen set here and unset from a shell, they
+/// would rebuild those dependencies here, in the shared target directory, and again at the next
+/// `cargo build` or `cargo test` from a shell, with everything that depends on them.
+pub fn cargo() -> std::process::Command {
+    let mut command = std::process::Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    let set_for_tests = |name: &str| {
+        name.starts_with("CARGO_PKG_")
+            || name.starts_with("CARGO_BIN_EXE_")
+            || [
+                "CARGO_MANIFEST_DIR",
+                "CARGO_MANIFEST_PATH",
+                "CARGO_MANIFEST_LINKS",
+                "CARGO_CRATE_NAME",
+                "CARGO_BIN_NAME",
+                "CARGO_PRIMARY_PACKAGE",
+                "CARGO_TARGET_TMPDIR",
+                "OUT_DIR",
+            ]
+            .contains(&name)
+    };
+    for (name, _) in std::env::vars_os() {
+        if name.to_str().is_some_and(set_for_tests) {
+            command.env_remove(name);
+        }
+    }
+    command
+}
+
 /// A name unique within this test process and across concurrently running test processes, for
 /// key prefixes, so tests sharing one Redis never see each other's records.
 pub fn unique(prefix: &str) -> String {

@@ -37,14 +37,11 @@ pub fn binary() -> PathBuf {
     // What the previous release needs and this build does not (crates.io's hyper, which this
     // build patches) is fetched first; without a network, a cache that holds it will do, and
     // the build below says what is missing.
-    let fetched = Command::new(env!("CARGO"))
-        .args(["fetch", "--quiet", "--manifest-path"])
-        .arg(source.join("Cargo.toml"))
-        .status();
+    let fetched = super::cargo().args(["fetch", "--quiet", "--manifest-path"]).arg(source.join("Cargo.toml")).status();
     if !fetched.is_ok_and(|s| s.success()) {
         eprintln!("could not fetch the previous release's dependencies; building from the local cache");
     }
-    let status = Command::new(env!("CARGO"))
+    let status = super::cargo()
         .args(["build", "--offline", "--quiet", "--bin", "idemgate-previous", "--manifest-path"])
         .arg(source.join("Cargo.toml"))
         .env("CARGO_TARGET_DIR", target)
