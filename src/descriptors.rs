@@ -7,9 +7,12 @@
 //! forwards without one (a possible second execution). So the listeners stop accepting
 //! before the process runs out: the proxy at `max_connections`, the admin listener at
 //! `admin_max_connections`, both fitted at start into the process's `RLIMIT_NOFILE` with a
-//! reserve for everything else. A process whose limit is too low for the configured caps
-//! serves with smaller ones and says so (as Redis lowers `maxclients`); `idemgate check`
-//! warns beforehand.
+//! reserve for everything else. A process whose limit is too low for the caps serves with
+//! smaller ones and says so (as Redis lowers `maxclients`): a warning for caps the file sets,
+//! which `idemgate check` gives beforehand on their line; a line of the log for the defaults,
+//! which are what fits up to 10,000 and 64, so that a file that leaves them alone does not warn
+//! on a machine whose limit is lower than they need (20,130 descriptors with one store
+//! connection).
 
 use crate::config::{Config, StoreBackendConfig};
 
@@ -60,6 +63,15 @@ impl Budget {
         self.needed <= self.limit
     }
 
+    /// The key of the cap the file sets (`server.max_connections` first), if it sets one: a
+    /// cap asked for and not served is a warning; the defaults are fitted without one.
+    pub fn asked(config: &Config) -> Option<&'static str> {
+        let admin = config.server.admin_listen.is_some();
+        ["server.max_connections", "server.admin_max_connections"]
+            .into_iter()
+            .find(|key| config.sets(key) && (admin || *key == "server.max_connections"))
+    }
+
     /// What does not fit, in words, for the log and `check`.
     pub fn shortfall(&self, config: &Config) -> String {
         let limits = &config.server.limits;
@@ -72,14 +84,33 @@ impl Budget {
             ),
             None => (String::new(), format!("{} connections", self.proxy)),
         };
+        let (what, advice) = match Self::asked(config) {
+            Some(_) => (
+                "",
+                "Raise the limit (ulimit -n, LimitNOFILE= in systemd, --ulimit nofile= in docker) or lower max_connections",
+            ),
+            None => ("the defaults ", "Raise the limit for more, or set max_connections to choose what to serve"),
+        };
         format!(
-            "max_connections = {}{asked} need about {} file descriptors (two per connection, one for its \
+            "{what}max_connections = {}{asked} need about {} file descriptors (two per connection, one for its \
              upstream, and {reserve} for the store and the rest), and this process may open {} (RLIMIT_NOFILE): \
-             the gateway serves at most {served}. Raise the limit (ulimit -n, LimitNOFILE= in systemd, --ulimit \
-             nofile= in docker) or lower max_connections",
+             the gateway serves at most {served}. {advice}",
             limits.max_connections, self.needed, self.limit
         )
     }
+}
+
+/// `check`'s warning when the caps the file sets do not fit in `limit` (the hard limit of the
+/// process that runs `check`, the one the gateway raises its soft limit to), on the line of
+/// the cap; `None` when they fit, or when the file leaves both to their defaults.
+pub fn check_warning(config: &Config, origin: &str, limit: u64) -> Option<String> {
+    let budget = Budget::fit(config, limit);
+    let key = Budget::asked(config).filter(|_| !budget.fits())?;
+    let reason = format!(
+        "{} (checked against this process's hard limit; the service may run with another)",
+        budget.shortfall(config)
+    );
+    Some(config.warning_line(origin, key, &reason))
 }
 
 /// The process's descriptor limits now: (soft, hard). `None` where they cannot be read.
@@ -112,6 +143,27 @@ mod tests {
         assert!(budget.fits());
         assert_eq!((budget.proxy, budget.admin), (10_000, 64));
         assert_eq!(budget.needed, 2 * 10_000 + 64 + RESERVE);
+    }
+
+    #[test]
+    fn only_caps_the_file_sets_are_warned_about() {
+        // The defaults (20,130 descriptors with the admin listener and one store connection)
+        // under a limit of 20,000: fitted, not warned about.
+        let defaults = config("");
+        assert!(!Budget::fit(&defaults, 20_000).fits());
+        assert_eq!(check_warning(&defaults, "gw.toml", 20_000), None);
+        assert!(Budget::fit(&defaults, 20_000).shortfall(&defaults).starts_with("the defaults max_connections"));
+        // Set in the file: warned about, on its line (the fourth of the file).
+        let set = config("max_connections = 10000");
+        let warning = check_warning(&set, "gw.toml", 20_000).expect("a warning");
+        assert!(
+            warning.starts_with("gw.toml:4: warning: server.max_connections: max_connections = 10000"),
+            "{warning}"
+        );
+        assert_eq!(check_warning(&set, "gw.toml", 1 << 20), None, "it fits");
+        let admin = config("admin_max_connections = 64");
+        let warning = check_warning(&admin, "gw.toml", 20_000).expect("a warning");
+        assert!(warning.starts_with("gw.toml:4: warning: server.admin_max_connections: "), "{warning}");
     }
 
     #[test]

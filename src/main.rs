@@ -228,18 +228,12 @@ fn check(
         eprintln!("{warning}");
     }
     // The gateway raises its soft descriptor limit to the hard one when it starts: the caps
-    // must fit in that. This process's limit stands in for the service's (a unit's
-    // LimitNOFILE or a container's ulimit may differ): the warning says which it read.
-    if let Some((_, hard)) = idemgate::descriptors::limits() {
-        let budget = idemgate::descriptors::Budget::fit(&config, hard);
-        if !budget.fits() {
-            eprintln!(
-                "{}: warning: server.max_connections: {} (checked against this process's hard limit; the \
-                 service may run with another)",
-                path.display(),
-                budget.shortfall(&config)
-            );
-        }
+    // the file sets must fit in that. This process's limit stands in for the service's (a
+    // unit's LimitNOFILE or a container's ulimit may differ): the warning says which it read.
+    if let Some((_, hard)) = idemgate::descriptors::limits()
+        && let Some(warning) = idemgate::descriptors::check_warning(&config, &path.display().to_string(), hard)
+    {
+        eprintln!("{warning}");
     }
     if !replicas_suffice(path, &config) {
         return ExitCode::FAILURE;

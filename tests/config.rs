@@ -436,6 +436,44 @@ fn check(config_text: &str) -> (bool, String, String) {
     )
 }
 
+/// `idemgate check --config FILE` allowed `nofile` descriptors: (success, stdout, stderr).
+fn check_limited(path: &std::path::Path, nofile: u64) -> (bool, String, String) {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_idemgate"));
+    command.args(["check", "--config"]).arg(path);
+    crate::support::gateway_proc::limit_nofile(&mut command, nofile);
+    let out = command.output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The shipped files leave the caps to their defaults, which are fitted to the descriptor
+/// limit (20,000 here, where they would need 20,130): `check` does not warn about them. A cap
+/// the file sets and the limit cannot hold is warned about, on its line.
+#[test]
+fn check_warns_about_descriptors_only_for_caps_the_file_sets() {
+    let hard = std::process::Command::new("sh").args(["-c", "ulimit -Hn"]).output().unwrap();
+    let hard = String::from_utf8_lossy(&hard.stdout).trim().parse::<u64>().unwrap_or(20_000).min(20_000);
+    for file in ["gateway.toml", "deploy/compose/gateway.toml"] {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(file);
+        let (ok, _, stderr) = check_limited(&path, hard);
+        assert!(ok && !stderr.contains("descriptors"), "{file} under {hard} descriptors: {stderr}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gw.toml");
+    std::fs::write(
+        &path,
+        MINIMAL.replace("listen = \"127.0.0.1:8080\"", "listen = \"127.0.0.1:8080\"\nmax_connections = 10000"),
+    )
+    .unwrap();
+    let (ok, _, stderr) = check_limited(&path, 512);
+    assert!(ok, "a warning, not an error: {stderr}");
+    let warning = format!("{}:4: warning: server.max_connections: max_connections = 10000 need about", path.display());
+    assert!(stderr.contains(&warning) && stderr.contains("this process may open 512"), "{stderr}");
+}
+
 /// Files with two to six problems of every kind mixed: `check` names every one, each on its
 /// line, in one run.
 #[test]
@@ -548,7 +586,9 @@ fn check_warns_about_a_grace_period_longer_than_a_lease() {
     let (ok, _, stderr) = check(&text);
     assert!(ok, "{stderr}");
     assert!(
-        stderr.contains("warning: server.shutdown_grace: 20s is longer than routes[0] (\"create\").idempotency.lease (10s)"),
+        stderr.contains(
+            "warning: server.shutdown_grace: 20s is longer than routes[0] (\"create\").idempotency.lease (10s)"
+        ),
         "{stderr}"
     );
 }
@@ -594,14 +634,15 @@ fn check_warns_about_leases_that_undermine_the_guarantee_but_accepts_them() {
         "{stderr}"
     );
     assert!(stderr.contains("is less than 3 × store.timeout (1s)"), "{stderr}");
-    // The minimal file holds unknown outcomes without a lookup: that, and nothing else (but
-    // for the default max_connections on a machine with too few file descriptors for it).
+    // The minimal file holds unknown outcomes without a lookup: that, and nothing else (the
+    // default caps are fitted to any descriptor limit, without a warning).
     let (ok, _, stderr) = check(MINIMAL);
-    let warnings: Vec<&str> =
-        stderr.lines().filter(|l| l.contains("warning") && !l.contains("file descriptors")).collect();
+    let warnings: Vec<&str> = stderr.lines().filter(|l| l.contains("warning")).collect();
     assert!(ok && warnings.len() == 1, "{stderr}");
     assert!(
-        warnings[0].contains("routes[0] (\"create\").idempotency: holds unknown outcomes without [routes.idempotency.reconcile]")
+        warnings[0].contains(
+            "routes[0] (\"create\").idempotency: holds unknown outcomes without [routes.idempotency.reconcile]"
+        )
     );
 }
 

@@ -61,6 +61,8 @@ pub struct Config {
     /// Settings that are valid but risky, each with its reason (printed by `check`, logged at
     /// startup).
     pub warnings: Vec<Issue>,
+    /// Where the file has each key: for [`Config::sets`] and [`Config::warning_line`].
+    lines: Arc<source::Lines>,
 }
 
 /// `[server]`
@@ -320,6 +322,14 @@ impl Issue {
     }
 }
 
+/// A warning as `FILE:LINE: warning: KEY: REASON` (`FILE: warning: ...` without a line).
+fn warning_line(origin: &str, w: &Issue) -> String {
+    match w.line {
+        Some(line) => format!("{origin}:{line}: warning: {}: {}", w.shown_key(), w.reason),
+        None => format!("{origin}: warning: {}: {}", w.shown_key(), w.reason),
+    }
+}
+
 /// Issues printed one per line, compiler style: `FILE:LINE: KEY: REASON`.
 struct Problems<'a> {
     file: &'a str,
@@ -389,7 +399,7 @@ impl Config {
             None => None,
         };
         match config {
-            Some(config) if issues.is_empty() => Ok(config),
+            Some(config) if issues.is_empty() => Ok(Self { lines: Arc::new(read.lines), ..config }),
             _ => {
                 issues.sort_by_key(|i| i.line.unwrap_or(usize::MAX));
                 Err(ConfigError::Invalid { file: origin.to_owned(), issues })
@@ -399,13 +409,20 @@ impl Config {
 
     /// The warnings, one per line as `FILE:LINE: warning: KEY: REASON`.
     pub fn warning_lines(&self, origin: &str) -> Vec<String> {
-        self.warnings
-            .iter()
-            .map(|w| match w.line {
-                Some(line) => format!("{origin}:{line}: warning: {}: {}", w.shown_key(), w.reason),
-                None => format!("{origin}: warning: {}: {}", w.shown_key(), w.reason),
-            })
-            .collect()
+        self.warnings.iter().map(|w| warning_line(origin, w)).collect()
+    }
+
+    /// A warning about `key` that only the machine tells (the descriptor limit, say), as
+    /// [`Config::warning_lines`] prints them: on the key's line, or its table's.
+    pub fn warning_line(&self, origin: &str, key: &str, reason: &str) -> String {
+        let (line, route) = (self.lines.line_of(key), self.lines.route_of(key));
+        warning_line(origin, &Issue { key: key.to_owned(), reason: reason.to_owned(), line, route })
+    }
+
+    /// Whether the file sets `key` (a dotted path, `server.max_connections`), rather than
+    /// leaving it to its default.
+    pub fn sets(&self, key: &str) -> bool {
+        self.lines.has(key)
     }
 
     /// The route named `name`, if any.

@@ -19,10 +19,16 @@ const SECTIONS: [&str; 6] = ["server", "store", "upstreams", "routes", "errors",
 
 /// Where each key of a file is, by dotted path (`routes[0].idempotency.lease`), and the name
 /// the file gives each route (`routes[0]`: `create-order`), which people know it by.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct Lines {
     at: BTreeMap<String, usize>,
     routes: Vec<Option<String>>,
+}
+
+impl std::fmt::Debug for Lines {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Lines({} keys)", self.at.len())
+    }
 }
 
 impl Lines {
@@ -71,6 +77,11 @@ impl Lines {
             let cut = path.rfind(['.', '['])?;
             path = &path[..cut];
         }
+    }
+
+    /// Whether the file has `path` itself (`server.max_connections`), not only a table it is in.
+    pub fn has(&self, path: &str) -> bool {
+        self.at.contains_key(path)
     }
 
     /// The name of the route `path` is in (`routes[3].hosts`: the fourth route's), when the

@@ -110,8 +110,11 @@ impl Server {
         // Without a readable limit, the caps are taken as configured.
         let limit = descriptors::limits().map_or(u64::MAX, |(soft, _)| soft);
         let budget = Budget::fit(config, limit);
-        if !budget.fits() {
-            tracing::warn!("{}", budget.shortfall(config));
+        match (budget.fits(), Budget::asked(config)) {
+            (true, _) => {}
+            (false, Some(_)) => tracing::warn!("{}", budget.shortfall(config)),
+            // The defaults are what fits: said, not warned about.
+            (false, None) => tracing::info!("{}", budget.shortfall(config)),
         }
         Ok(Self {
             live,

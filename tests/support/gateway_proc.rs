@@ -57,17 +57,7 @@ impl GatewayProc {
         cmd.arg("--config").arg(&path).args(args).env("RUST_LOG", "info");
         cmd.envs(env.iter().copied());
         if let Some(n) = nofile {
-            use std::os::unix::process::CommandExt;
-            // In the child, before exec: only async-signal-safe calls.
-            unsafe {
-                cmd.pre_exec(move || {
-                    let limit = libc::rlimit { rlim_cur: n, rlim_max: n };
-                    if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    Ok(())
-                });
-            }
+            limit_nofile(&mut cmd, n);
         }
         cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         let mut child = spawn_tied(cmd).expect("start idemgate");
@@ -258,5 +248,21 @@ upstream = "app"
 {policy}
 {routes}{rest}"#
         )
+    }
+}
+
+/// Runs `cmd` allowed `n` file descriptors at most (its soft and hard `RLIMIT_NOFILE`, as
+/// `prlimit --nofile=N` sets them).
+pub fn limit_nofile(cmd: &mut Command, n: u64) {
+    use std::os::unix::process::CommandExt;
+    // In the child, before exec: only async-signal-safe calls.
+    unsafe {
+        cmd.pre_exec(move || {
+            let limit = libc::rlimit { rlim_cur: n, rlim_max: n };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
     }
 }

@@ -55,9 +55,16 @@ pub(super) fn build(file: File, env: &dyn Fn(&str) -> Option<String>) -> Result<
         Some(section) => telemetry::telemetry(section, env, &mut issues).map(Some),
     };
     match (server, store, errors, telemetry, issues.0.is_empty()) {
-        (Some(server), Some(store), Some(errors), Some(telemetry), true) => {
-            Ok(Config { server, store, upstreams, routes, errors, telemetry, warnings: Vec::new() })
-        }
+        (Some(server), Some(store), Some(errors), Some(telemetry), true) => Ok(Config {
+            server,
+            store,
+            upstreams,
+            routes,
+            errors,
+            telemetry,
+            warnings: Vec::new(),
+            lines: Default::default(),
+        }),
         _ => Err(issues.0),
     }
 }
