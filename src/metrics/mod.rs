@@ -23,7 +23,7 @@ use prometheus_client::registry::Registry;
 
 pub use self::instance::{InstanceMetrics, Instances};
 pub use self::labels::{Outcome, Pin, Reconciliation, ReleaseReason, UPSTREAM_CLASSES, Would, status_class};
-use self::route::PerLabel;
+use self::route::{FirstObserved, PerLabel};
 pub use self::route::{Pins, Produces, RouteMetrics};
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -318,7 +318,10 @@ impl Metrics {
 
     /// Counters of one route, resolved once. Each label set the route can produce is
     /// registered at once (at zero, so that `increase()` sees its first count); one it cannot
-    /// produce gets a counter that is never exposed (see [`Produces`]).
+    /// produce gets a counter that is never exposed (see [`Produces`]). The request latency
+    /// by outcome is registered by its first observation: what it counts is counted at zero
+    /// in `idemgate_requests_total`, and a quantile needs no zero series. The upstream
+    /// latency is registered at once, per class: its counts are the only ones by class.
     pub fn route(&self, route: &str, produces: Produces) -> RouteMetrics {
         let label = RouteLabel { route: route.to_owned() };
         let shown = |yes: bool, family: &Family<RouteLabel, Counter>| {
@@ -358,11 +361,10 @@ impl Metrics {
             }),
             request_seconds: PerLabel::new(|outcome| {
                 let label = RouteOutcome { route: route.to_owned(), outcome };
-                if produces.outcome(outcome) {
-                    self.request_seconds.get_or_create(&label).clone()
-                } else {
-                    latency_histogram()
-                }
+                let family = produces.outcome(outcome).then(|| self.request_seconds.clone());
+                FirstObserved::new(move || {
+                    family.as_ref().map_or_else(latency_histogram, |f| f.get_or_create(&label).clone())
+                })
             }),
             // Only the classes the route can produce are exposed: `abandoned` (an exchange
             // given up at shutdown) on idempotent routes, `1xx` (a bridged upgrade's 101) where
@@ -532,6 +534,26 @@ mod tests {
         assert!(!text.lines().any(|l| l.starts_with("idemgate_reconciliations") && l.contains(r#"route="orders""#)));
         assert!(text.lines().any(|l| l.starts_with("idemgate_reconciliations") && l.contains(r#"route="asks""#)));
         assert!(has(r#"idemgate_requests_total{route="asks",outcome="bypassed"} 0"#), "{text}");
+    }
+
+    /// A route's request latency by outcome shows from its first observation (its count is
+    /// `idemgate_requests_total`'s, at zero from the start); its upstream latency by class,
+    /// whose counts are the only ones by class, from the start.
+    #[test]
+    fn request_latency_shows_from_its_first_observation() {
+        let m = Metrics::default();
+        let route = m.route("orders", IDEMPOTENT);
+        let text = m.encode();
+        assert!(text.contains(r#"idemgate_requests_total{route="orders",outcome="executed"} 0"#), "{text}");
+        assert!(text.contains(r#"idemgate_upstream_seconds_count{route="orders",class="5xx"} 0"#), "{text}");
+        assert!(!text.contains("idemgate_request_seconds_count{"), "{text}");
+        route.request_duration(Outcome::Executed, Duration::from_millis(3));
+        let text = m.encode();
+        assert!(text.contains(r#"idemgate_request_seconds_count{route="orders",outcome="executed"} 1"#), "{text}");
+        assert!(!text.contains(r#"idemgate_request_seconds_count{route="orders",outcome="replayed"}"#), "{text}");
+        // A reload resolves the route again: the same series goes on counting.
+        m.route("orders", IDEMPOTENT).request_duration(Outcome::Executed, Duration::from_millis(3));
+        assert!(m.encode().contains(r#"idemgate_request_seconds_count{route="orders",outcome="executed"} 2"#));
     }
 
     /// Two registries built alike, series created in different orders, expose the same text.

@@ -1,7 +1,7 @@
 //! The counters and histograms of one route, resolved once per route so that the request path
 //! counts without a label lookup.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use prometheus_client::metrics::counter::Counter;
@@ -29,6 +29,25 @@ impl<L: Label, M: Clone> PerLabel<L, M> {
 
     pub(super) fn get(&self, label: L) -> &M {
         &self.metrics[label.index()]
+    }
+}
+
+/// A histogram whose series is registered by its first observation. A route's request
+/// latency by outcome is one of these: its counts are `idemgate_requests_total`'s, registered
+/// at zero, and an outcome not had yet would otherwise show as 19 lines of zeros.
+#[derive(Clone)]
+pub(super) struct FirstObserved {
+    create: Arc<dyn Fn() -> Histogram + Send + Sync>,
+    series: Arc<OnceLock<Histogram>>,
+}
+
+impl FirstObserved {
+    pub(super) fn new(create: impl Fn() -> Histogram + Send + Sync + 'static) -> Self {
+        Self { create: Arc::new(create), series: Arc::default() }
+    }
+
+    pub(super) fn observe(&self, value: f64) {
+        self.series.get_or_init(|| (self.create)()).observe(value);
     }
 }
 
@@ -119,7 +138,7 @@ pub struct RouteMetrics {
     pub(super) reconciliations: PerLabel<Reconciliation>,
     pub(super) observed: PerLabel<Would>,
     pub(super) pin_hits: PerLabel<Pin>,
-    pub(super) request_seconds: PerLabel<Outcome, Histogram>,
+    pub(super) request_seconds: PerLabel<Outcome, FirstObserved>,
     /// One histogram per status class, resolved once: no label lookup per request.
     pub(super) upstream_seconds: Vec<(&'static str, Histogram)>,
     /// The answers of classes 2xx to 5xx again, for their p90.
