@@ -111,6 +111,9 @@ fn regenerating_is_a_diff_of_the_block_and_keeps_route_names() {
     assert!(!diff.contains("capture\"\n"), "{diff}");
     // A renamed operationId changes a comment, never a name.
     std::fs::write(&doc, original.replace("operationId: createPayment", "operationId: chargeCard")).unwrap();
+    // A configuration may hold secrets: rewriting it keeps its permissions.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
     let renamed = idemgate(&["routes", "--from-openapi", doc_s, "--config", file_s]);
     let diff = text(&renamed.stdout);
     let changed: Vec<&str> = diff
@@ -127,6 +130,8 @@ fn regenerating_is_a_diff_of_the_block_and_keeps_route_names() {
     );
     let write = idemgate(&["routes", "--from-openapi", doc_s, "--config", file_s, "--write"]);
     assert!(write.status.success(), "{}", text(&write.stderr));
+    assert_eq!(std::fs::metadata(&file).unwrap().permissions().mode() & 0o777, 0o600);
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2, "nothing left beside it");
     let again = idemgate(&["routes", "--from-openapi", doc_s, "--config", file_s]);
     assert!(again.status.success() && again.stdout.is_empty(), "{}", text(&again.stderr));
     assert!(text(&again.stderr).contains("up to date"), "{}", text(&again.stderr));

@@ -195,7 +195,7 @@ pub fn routes(args: RoutesArgs) -> ExitCode {
         return ExitCode::SUCCESS;
     }
     if args.write {
-        return match std::fs::write(path, &after) {
+        return match replace(path, &after) {
             Ok(()) => {
                 eprintln!("{}: written", path.display());
                 ExitCode::SUCCESS
@@ -211,6 +211,26 @@ pub fn routes(args: RoutesArgs) -> ExitCode {
     print!("{}", diff.unified_diff().context_radius(3).header(&shown, &format!("{shown} (from {source})")));
     eprintln!("{shown}: {source} changes it (above); --write writes it");
     ExitCode::FAILURE
+}
+
+/// Writes `text` over the file at `path` whole or not at all: into a file beside it (beside
+/// what a link points at), with its permissions (a configuration may hold secrets), then
+/// renamed over it, so that a gateway reloading meanwhile reads the old file or the new one.
+fn replace(path: &Path, text: &str) -> std::io::Result<()> {
+    let target = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut name = target.file_name().map(std::ffi::OsStr::to_os_string).unwrap_or_default();
+    name.push(".idemgate-new");
+    let temporary = target.with_file_name(name);
+    std::fs::write(&temporary, text)?;
+    let renamed = match std::fs::metadata(&target) {
+        Ok(meta) => std::fs::set_permissions(&temporary, meta.permissions()),
+        Err(_) => Ok(()),
+    }
+    .and_then(|()| std::fs::rename(&temporary, &target));
+    if renamed.is_err() {
+        let _ = std::fs::remove_file(&temporary);
+    }
+    renamed
 }
 
 /// `idemgate openapi`.
