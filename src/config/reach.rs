@@ -46,11 +46,7 @@ impl<'a> Reach<'a> {
             value: i,
         });
         let router = Router::new(specs).ok()?;
-        let literal = |s: &str| routes.iter().any(|r| r.path.split('/').any(|segment| segment == s));
-        let mut segment = String::from("~");
-        while literal(&segment) {
-            segment.push('~');
-        }
+        let segment = unused_segment(routes.iter().map(|r| r.path.as_str()));
         Some(Self { routes, router, segment })
     }
 
@@ -102,8 +98,20 @@ pub fn unsafe_methods(routes: &[RouteConfig]) -> Vec<Method> {
     out
 }
 
-/// `pattern` with `segment` in each parameter.
-fn sample_path(pattern: &str, segment: &str) -> String {
+/// A path segment none of `patterns` names literally (`~`, else `~~`, ...): a sample of a
+/// parameter that no pattern for that literal can take.
+pub fn unused_segment<'p>(patterns: impl Iterator<Item = &'p str> + Clone) -> String {
+    let literal = |s: &str| patterns.clone().any(|p| p.split('/').any(|segment| segment == s));
+    let mut segment = String::from("~");
+    while literal(&segment) {
+        segment.push('~');
+    }
+    segment
+}
+
+/// `pattern` with `segment` in each parameter (for patterns of another table, such as an
+/// OpenAPI document's operations, whose literals [`Reach::sample`] does not know).
+pub fn sample_path(pattern: &str, segment: &str) -> String {
     let parts: Vec<&str> = pattern.split('/').map(|s| if s.starts_with('{') { segment } else { s }).collect();
     parts.join("/")
 }

@@ -9,7 +9,7 @@ use http::Method;
 use super::contract::header_name;
 use super::operations::Operation;
 use crate::config::RouteConfig;
-use crate::config::reach::{Reach, enforces, unsafe_methods};
+use crate::config::reach::{Reach, enforces, sample_path, unsafe_methods, unused_segment};
 use crate::router::{RouteSpec, Router};
 
 /// What the coverage found, one line each.
@@ -128,10 +128,9 @@ fn unmatched(routes: &[RouteConfig], operations: &[Operation], findings: &mut Ve
             return;
         }
     };
-    let segment = "~idemgate~";
+    let segment = unused_segment(distinct.iter().map(|op| op.pattern.as_str()));
     for route in routes.iter().filter(|r| r.idempotency.is_some()) {
-        let path: Vec<&str> = route.path.split('/').map(|s| if s.starts_with('{') { segment } else { s }).collect();
-        let path = path.join("/");
+        let path = sample_path(&route.path, &segment);
         let asked = match &route.methods {
             Some(methods) => methods.clone(),
             None => unsafe_methods(routes),

@@ -267,13 +267,7 @@ pub fn contract(args: OpenapiArgs, default_config: PathBuf) -> ExitCode {
         None => {
             let targets = openapi::targets_of_routes(&config, &args.base_path, &mut notes);
             let skeleton = openapi::skeleton(&targets);
-            let doc = match Document::parse(&serde_json::to_string(&skeleton).unwrap_or_default()) {
-                Ok(doc) => doc,
-                Err(e) => {
-                    eprintln!("{e}");
-                    return ExitCode::FAILURE;
-                }
-            };
+            let doc = Document { root: skeleton.clone(), format: Format::Yaml, version: "3.1.0".into() };
             let mut merged = skeleton.clone();
             openapi::merge(&mut merged, &doc, &targets, &base, &mut notes);
             notes.push(
