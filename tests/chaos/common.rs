@@ -87,11 +87,17 @@ pub async fn post(client: &Client, path: &str, key: &str, body: &str) -> Result<
 /// Retries while the gateway answers 503 (store briefly unavailable): nothing was forwarded,
 /// so retrying with the same key is what a client does.
 pub async fn post_until_served(client: &Client, path: &str, key: &str, body: &str) -> Reply {
+    let started = std::time::Instant::now();
+    let mut last = String::new();
     for _ in 0..100 {
         match post(client, path, key, body).await {
             Ok(r) if r.status != 503 => return r,
-            _ => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+            // The last refusal is kept for the failure message: which store error it was
+            // (unreachable, redirected, timed out) is what tells one outage from another.
+            Ok(r) => last = format!("503 {}", String::from_utf8_lossy(&r.body)),
+            Err(e) => last = e,
         }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
-    panic!("{key}: still unavailable after 100 tries");
+    panic!("{key}: still unavailable after 100 tries over {:.1?}; the last: {last}", started.elapsed());
 }

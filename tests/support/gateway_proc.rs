@@ -171,6 +171,20 @@ impl Drop for GatewayProc {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // A test failing with a gateway up: its last log lines say what the gateway saw (a
+        // store error, a reload refused), which the client's status alone does not.
+        if std::thread::panicking() {
+            let lines = self.log.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+            let told: Vec<&String> = lines.iter().filter(|l| !l.contains("idemgate::access")).collect();
+            let tail = &told[told.len().saturating_sub(30)..];
+            let shown: Vec<&str> = tail.iter().map(|l| l.as_str()).collect();
+            eprintln!(
+                "--- the gateway on {}: the last {} of its log lines other than access lines:\n{}",
+                self.addr,
+                shown.len(),
+                shown.join("\n")
+            );
+        }
     }
 }
 
